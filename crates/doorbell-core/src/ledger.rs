@@ -1,0 +1,479 @@
+//! The ledger: a pure state machine over accepted envelopes and the judge's clock. It knows
+//! every claimed id, every request with its state and since when, and so who owes whom.
+//!
+//! It is fed only accepted lines, in journal order, with the judge's `seenAt`; replaying the
+//! same journal always rebuilds the same ledger. It never reads a file or a clock.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::judge::{loop_may_send, Registry};
+use crate::name::{is_builtin_loop, is_reserved_id};
+use crate::verdict::{Refusal, RefusalReason as R, Verdict};
+use crate::{Envelope, Kind, State};
+
+/// Which party of a request a response comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The agent the request was sent to.
+    Addressee,
+    /// The agent that sent the request.
+    Requester,
+}
+
+/// The transition table: may `side` move a request from `from` to `to`?
+#[must_use]
+pub fn transition_allowed(from: State, side: Side, to: State) -> bool {
+    use State::{Canceled, Completed, Failed, InputRequired, Rejected, Submitted, Working};
+    match (from, side) {
+        (Submitted, Side::Addressee) => {
+            matches!(to, Working | InputRequired | Completed | Failed | Rejected)
+        }
+        (Working, Side::Addressee) => matches!(to, Working | InputRequired | Completed | Failed),
+        (InputRequired, Side::Addressee) => matches!(to, Working | Completed | Failed),
+        (Submitted | Working, Side::Requester) => to == Canceled,
+        (InputRequired, Side::Requester) => matches!(to, Working | Canceled),
+        (Completed | Failed | Canceled | Rejected, _) => false,
+    }
+}
+
+/// The part of an accepted line the ledger keeps: what the verdict journal records so the
+/// ledger can be rebuilt without the inbox files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Accepted {
+    pub id: String,
+    pub from: String,
+    pub to: String,
+    pub kind: Kind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlates_to: Option<String>,
+    /// The thread, with the defaults applied (a request's own id, a response's request's).
+    pub context_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<State>,
+    pub priority: u8,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_millis")]
+    pub reply_by: Option<DateTime<Utc>>,
+    #[serde(with = "chrono::serde::ts_milliseconds")]
+    pub created_at: DateTime<Utc>,
+    pub fingerprint: u64,
+}
+
+mod opt_millis {
+    use chrono::{DateTime, Utc};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    #[allow(clippy::ref_option)]
+    pub fn serialize<S: Serializer>(t: &Option<DateTime<Utc>>, s: S) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.serialize_i64(t.timestamp_millis()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DateTime<Utc>>, D::Error> {
+        Ok(Option::<i64>::deserialize(d)?.and_then(DateTime::from_timestamp_millis))
+    }
+}
+
+/// A request and everything the ledger knows of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub id: String,
+    pub requester: String,
+    pub addressee: String,
+    pub context_id: String,
+    pub task_id: Option<String>,
+    pub state: State,
+    pub priority: u8,
+    pub reply_by: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    /// When the judge accepted the request: the moment it was delivered.
+    pub seen_at: DateTime<Utc>,
+    /// `t0`: when the judge saw the line that set the current state.
+    pub state_since: DateTime<Utc>,
+    /// Counts state changes; rings are numbered within an epoch.
+    pub epoch: u32,
+    pub responses: u32,
+    /// When the addressee first answered.
+    pub first_response_at: Option<DateTime<Utc>>,
+    /// When the request reached a terminal state.
+    pub closed_at: Option<DateTime<Utc>>,
+}
+
+impl Request {
+    /// Whether the request is still a debt.
+    #[must_use]
+    pub fn is_open(&self) -> bool {
+        !self.state.is_terminal()
+    }
+
+    /// Who owes the next move: the addressee, except in `input-required`.
+    #[must_use]
+    pub fn debtor(&self) -> &str {
+        if self.state == State::InputRequired {
+            &self.requester
+        } else {
+            &self.addressee
+        }
+    }
+
+    /// Who waits for the debtor.
+    #[must_use]
+    pub fn creditor(&self) -> &str {
+        if self.state == State::InputRequired {
+            &self.addressee
+        } else {
+            &self.requester
+        }
+    }
+
+    fn side_of(&self, agent: &str, state: State) -> Option<Side> {
+        let addressee = agent == self.addressee;
+        let requester = agent == self.requester;
+        match (addressee, requester) {
+            // Asking oneself: the requester's states are the ones only a requester sends.
+            (true, true) if state == State::Canceled => Some(Side::Requester),
+            (true, true) if self.state == State::InputRequired && state == State::Working => {
+                Some(Side::Requester)
+            }
+            (true, _) => Some(Side::Addressee),
+            (false, true) => Some(Side::Requester),
+            (false, false) => None,
+        }
+    }
+}
+
+/// An open request seen from the debtor's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Debt<'l> {
+    pub request: &'l Request,
+}
+
+impl<'l> Debt<'l> {
+    #[must_use]
+    pub fn debtor(&self) -> &'l str {
+        self.request.debtor()
+    }
+
+    #[must_use]
+    pub fn creditor(&self) -> &'l str {
+        self.request.creditor()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Claim {
+    fingerprint: u64,
+}
+
+/// Every accepted id and every request, fed in journal order.
+#[derive(Debug, Clone, Default)]
+pub struct Ledger {
+    claims: HashMap<Box<str>, Claim>,
+    requests: HashMap<Box<str>, Request>,
+}
+
+impl Ledger {
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The registry and ledger rules for an envelope that passed the stateless ones, from
+    /// `misaddressed` on. `own_line` says whether the judge itself wrote a line with this id.
+    pub fn judge(
+        &self,
+        envelope: &Envelope<'_>,
+        owner: &str,
+        registry: &Registry,
+        own_line: &dyn Fn(&str) -> bool,
+    ) -> Verdict {
+        match self.first_refusal(envelope, owner, registry, own_line) {
+            Ok(verdict) => verdict,
+            Err(refusal) => Verdict::Refused(refusal),
+        }
+    }
+
+    #[allow(clippy::too_many_lines)] // the precedence order reads best as one list
+    fn first_refusal(
+        &self,
+        envelope: &Envelope<'_>,
+        owner: &str,
+        registry: &Registry,
+        own_line: &dyn Fn(&str) -> bool,
+    ) -> Result<Verdict, Refusal> {
+        let from = &*envelope.from;
+        let request = envelope
+            .correlates_to
+            .as_deref()
+            .and_then(|id| self.requests.get(id));
+        // misaddressed: the inbox's owner, then the other party of the request.
+        if envelope.to != owner {
+            return Err(Refusal::new(
+                R::Misaddressed,
+                format!(
+                    "'to' is '{}' but this is the inbox of '{owner}'",
+                    envelope.to
+                ),
+            ));
+        }
+        if let (Kind::Response, Some(request)) = (envelope.kind, request) {
+            let expected = if from == request.addressee {
+                Some(&request.requester)
+            } else if from == request.requester {
+                Some(&request.addressee)
+            } else {
+                None
+            };
+            let fine = match expected {
+                Some(expected) => envelope.to == *expected,
+                None => envelope.to == request.requester || envelope.to == request.addressee,
+            };
+            if !fine {
+                return Err(Refusal::new(
+                    R::Misaddressed,
+                    format!(
+                        "a response to {} from '{from}' goes to '{}', not '{}'",
+                        request.id,
+                        expected.map_or(&request.requester, |e| e),
+                        envelope.to
+                    ),
+                ));
+            }
+        }
+        // unknown-sender
+        if !registry.knows(from) {
+            return Err(Refusal::new(
+                R::UnknownSender,
+                format!("'{from}' is not a known station or loop"),
+            ));
+        }
+        if registry.loops.contains(from) && !loop_may_send(envelope.kind) {
+            return Err(Refusal::new(
+                R::BadField,
+                format!(
+                    "'{from}' is a loop and loops send notes only, not a {}",
+                    envelope.kind
+                ),
+            ));
+        }
+        // borrowed-name
+        let reserved = is_builtin_loop(from) || is_reserved_id(&envelope.id);
+        if reserved && !own_line(&envelope.id) {
+            return Err(Refusal::new(
+                R::BorrowedName,
+                if is_builtin_loop(from) {
+                    format!("'{from}' is a built-in loop of the bridge")
+                } else {
+                    format!(
+                        "id '{}' contains ':', which is reserved for the bridge",
+                        envelope.id
+                    )
+                },
+            ));
+        }
+        // duplicate / id-reused
+        if let Some(claim) = self.claims.get(&*envelope.id) {
+            return if claim.fingerprint == envelope.fingerprint {
+                Ok(Verdict::Duplicate)
+            } else {
+                Err(Refusal::new(
+                    R::IdReused,
+                    format!("id '{}' was already used by another message", envelope.id),
+                ))
+            };
+        }
+        let Some(correlates_to) = envelope.correlates_to.as_deref() else {
+            return Ok(Verdict::Accepted);
+        };
+        let Some(request) = request else {
+            return Err(Refusal::new(
+                R::UnknownRequest,
+                format!("'correlatesTo' names '{correlates_to}', which is no accepted request"),
+            ));
+        };
+        if envelope.kind != Kind::Response {
+            return Ok(Verdict::Accepted);
+        }
+        let state = envelope.state.expect("a response always has a state");
+        let side = match request.side_of(from, state) {
+            None => {
+                return Err(Refusal::new(
+                    R::NotAddressee,
+                    format!(
+                        "'{from}' is not a party of {} ({} asked {})",
+                        request.id, request.requester, request.addressee
+                    ),
+                ))
+            }
+            Some(Side::Requester) if !matches!(state, State::Working | State::Canceled) => {
+                return Err(Refusal::new(
+                    R::NotAddressee,
+                    format!(
+                        "only the addressee '{}' may send {state}; the requester may cancel or give input",
+                        request.addressee
+                    ),
+                ))
+            }
+            Some(side) => side,
+        };
+        if request.state.is_terminal() {
+            return Err(Refusal::new(
+                R::RequestClosed,
+                format!("{} is already {}", request.id, request.state),
+            ));
+        }
+        if !transition_allowed(request.state, side, state) {
+            let who = match side {
+                Side::Addressee => "the addressee",
+                Side::Requester => "the requester",
+            };
+            return Err(Refusal::new(
+                R::BadTransition,
+                format!(
+                    "{who} cannot move {} from {} to {state}",
+                    request.id, request.state
+                ),
+            ));
+        }
+        if let Some(context) = envelope.context_id.as_deref() {
+            if context != request.context_id {
+                return Err(Refusal::new(
+                    R::ContextMismatch,
+                    format!(
+                        "contextId '{context}' but {} is in '{}'",
+                        request.id, request.context_id
+                    ),
+                ));
+            }
+        }
+        Ok(Verdict::Accepted)
+    }
+
+    /// The ledger's record of an accepted envelope, with the thread resolved.
+    #[must_use]
+    pub fn accepted(&self, envelope: &Envelope<'_>) -> Accepted {
+        let context_id = match (&envelope.context_id, envelope.kind) {
+            (Some(context), _) => context.to_string(),
+            (None, Kind::Request) => envelope.id.to_string(),
+            (None, _) => envelope
+                .correlates_to
+                .as_deref()
+                .and_then(|id| self.requests.get(id))
+                .map_or_else(|| envelope.thread().to_owned(), |r| r.context_id.clone()),
+        };
+        Accepted {
+            id: envelope.id.to_string(),
+            from: envelope.from.to_string(),
+            to: envelope.to.to_string(),
+            kind: envelope.kind,
+            correlates_to: envelope.correlates_to.as_deref().map(str::to_owned),
+            context_id,
+            task_id: envelope.task_id.as_deref().map(str::to_owned),
+            state: envelope.state,
+            priority: envelope.priority,
+            reply_by: envelope.reply_by,
+            created_at: envelope.created_at,
+            fingerprint: envelope.fingerprint,
+        }
+    }
+
+    /// Record an accepted line, seen by the judge at `seen_at`.
+    pub fn apply(&mut self, line: &Accepted, seen_at: DateTime<Utc>) {
+        self.claims.insert(
+            line.id.as_str().into(),
+            Claim {
+                fingerprint: line.fingerprint,
+            },
+        );
+        match line.kind {
+            Kind::Request => {
+                self.requests.insert(
+                    line.id.as_str().into(),
+                    Request {
+                        id: line.id.clone(),
+                        requester: line.from.clone(),
+                        addressee: line.to.clone(),
+                        context_id: line.context_id.clone(),
+                        task_id: line.task_id.clone(),
+                        state: State::Submitted,
+                        priority: line.priority,
+                        reply_by: line.reply_by,
+                        created_at: line.created_at,
+                        seen_at,
+                        state_since: seen_at,
+                        epoch: 0,
+                        responses: 0,
+                        first_response_at: None,
+                        closed_at: None,
+                    },
+                );
+            }
+            Kind::Response => {
+                let (Some(id), Some(state)) = (&line.correlates_to, line.state) else {
+                    return;
+                };
+                if let Some(request) = self.requests.get_mut(id.as_str()) {
+                    request.state = state;
+                    request.state_since = seen_at;
+                    request.epoch += 1;
+                    request.responses += 1;
+                    if line.from == request.addressee {
+                        request.first_response_at.get_or_insert(seen_at);
+                    }
+                    if state.is_terminal() {
+                        request.closed_at.get_or_insert(seen_at);
+                    }
+                }
+            }
+            Kind::Note => {}
+        }
+    }
+
+    /// Whether `id` was claimed by an accepted line.
+    #[must_use]
+    pub fn is_claimed(&self, id: &str) -> bool {
+        self.claims.contains_key(id)
+    }
+
+    #[must_use]
+    pub fn request(&self, id: &str) -> Option<&Request> {
+        self.requests.get(id)
+    }
+
+    pub fn requests(&self) -> impl Iterator<Item = &Request> {
+        self.requests.values()
+    }
+
+    /// Open requests, oldest state first.
+    #[must_use]
+    pub fn debts(&self) -> Vec<Debt<'_>> {
+        let mut debts: Vec<Debt<'_>> = self
+            .requests
+            .values()
+            .filter(|r| r.is_open())
+            .map(|request| Debt { request })
+            .collect();
+        debts.sort_by(|a, b| {
+            (a.request.state_since, &a.request.id).cmp(&(b.request.state_since, &b.request.id))
+        });
+        debts
+    }
+
+    /// How many ids are claimed.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.claims.len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.claims.is_empty()
+    }
+}
