@@ -1,0 +1,210 @@
+//! The bridge folder: where it is, which inboxes it holds, and who is known there.
+//!
+//! Only names that pass `is_agent_name` ever become paths, so nothing outside the folder can
+//! be named; the folder itself is canonicalised once, and nothing inside it is followed
+//! through a symlink.
+
+use std::fs::{self, DirBuilder, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use doorbell_core::{is_agent_name, Registry};
+
+use crate::{Config, Error, Result};
+
+/// The suffix that makes a file an inbox.
+pub const INBOX_SUFFIX: &str = "-inbox.jsonl";
+/// The suffix of an agent's own cursor, beside its inbox.
+pub const CURSOR_SUFFIX: &str = "-inbox.cursor";
+/// The judge's own folder inside the bridge.
+pub const STATE_DIR: &str = ".doorbell";
+
+/// An open bridge folder and the config that applies to it.
+#[derive(Debug, Clone)]
+pub struct Bridge {
+    dir: PathBuf,
+    pub config: Config,
+}
+
+/// The folder to use: `--dir`, else `$DOORBELL_DIR`, else the config's `dir`, else the
+/// platform data folder.
+#[must_use]
+pub fn resolve_dir(cli: Option<&Path>, config: &Config) -> PathBuf {
+    if let Some(dir) = cli {
+        return dir.to_path_buf();
+    }
+    if let Some(dir) = std::env::var_os("DOORBELL_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = &config.dir {
+        return dir.clone();
+    }
+    directories::BaseDirs::new().map_or_else(
+        || PathBuf::from(".doorbell-bridge"),
+        |dirs| dirs.data_dir().join("doorbell"),
+    )
+}
+
+fn make_private_dir(path: &Path) -> Result<()> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(Error::io("create folder", path))
+}
+
+impl Bridge {
+    /// Open an existing bridge folder.
+    pub fn open(dir: &Path, config: Config) -> Result<Bridge> {
+        let dir = fs::canonicalize(dir).map_err(|e| match e.kind() {
+            ErrorKind::NotFound => Error::NoBridge {
+                path: dir.to_path_buf(),
+            },
+            _ => Error::io("open bridge folder", dir)(e),
+        })?;
+        if !dir.is_dir() {
+            return Err(Error::NoBridge { path: dir });
+        }
+        Ok(Bridge { dir, config })
+    }
+
+    /// Open the bridge folder, creating it (mode 0700) when it does not exist yet.
+    pub fn create(dir: &Path, config: Config) -> Result<Bridge> {
+        make_private_dir(dir)?;
+        Bridge::open(dir, config)
+    }
+
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The judge's folder, `.doorbell/`, created (0700) when missing.
+    pub fn state_dir(&self) -> Result<PathBuf> {
+        let path = self.dir.join(STATE_DIR);
+        make_private_dir(&path)?;
+        Ok(path)
+    }
+
+    #[must_use]
+    pub fn max_line_bytes(&self) -> usize {
+        self.config.max_line_bytes
+    }
+
+    /// The inbox of a valid agent name.
+    pub fn inbox_path(&self, name: &str) -> Result<PathBuf> {
+        check_name(name)?;
+        Ok(self.dir.join(format!("{name}{INBOX_SUFFIX}")))
+    }
+
+    /// The agent's own cursor file, beside its inbox.
+    pub fn cursor_path(&self, name: &str) -> Result<PathBuf> {
+        check_name(name)?;
+        Ok(self.dir.join(format!("{name}{CURSOR_SUFFIX}")))
+    }
+
+    /// The agents that have an inbox file in the folder, sorted. Files that are not regular
+    /// (symlinks, FIFOs, devices) are left out: they are refused, never read.
+    pub fn inboxes(&self) -> Result<Vec<String>> {
+        let mut names = Vec::new();
+        let entries =
+            fs::read_dir(&self.dir).map_err(Error::io("list bridge folder", &self.dir))?;
+        for entry in entries {
+            let entry = entry.map_err(Error::io("list bridge folder", &self.dir))?;
+            let file_name = entry.file_name();
+            let Some(name) = file_name.to_str().and_then(inbox_name) else {
+                continue;
+            };
+            let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+            if is_file {
+                names.push(name.to_owned());
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// Inbox-named entries that are not regular files: refused, reported by `status`.
+    pub fn refused_inboxes(&self) -> Result<Vec<PathBuf>> {
+        let mut paths = Vec::new();
+        let entries =
+            fs::read_dir(&self.dir).map_err(Error::io("list bridge folder", &self.dir))?;
+        for entry in entries.flatten() {
+            if inbox_name(&entry.file_name().to_string_lossy()).is_some()
+                && !entry.file_type().is_ok_and(|t| t.is_file())
+            {
+                paths.push(entry.path());
+            }
+        }
+        paths.sort();
+        Ok(paths)
+    }
+
+    /// Stations (inboxes and `[[agent]]` entries) and config loops.
+    pub fn registry(&self) -> Result<Registry> {
+        let mut registry = Registry::default();
+        registry.stations.extend(self.inboxes()?);
+        registry
+            .stations
+            .extend(self.config.agents.iter().map(|a| a.name.clone()));
+        registry.loops.extend(self.config.loops.iter().cloned());
+        Ok(registry)
+    }
+
+    /// The inbox of an agent that must exist: sending never creates one.
+    pub fn require_inbox(&self, name: &str) -> Result<PathBuf> {
+        let path = self.inbox_path(name)?;
+        match fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_file() => Ok(path),
+            Ok(_) => Err(Error::NotRegularFile { path }),
+            Err(e) if e.kind() == ErrorKind::NotFound => Err(Error::NoSuchAgent {
+                name: name.to_owned(),
+                known: self.inboxes()?,
+            }),
+            Err(e) => Err(Error::io("open inbox", &path)(e)),
+        }
+    }
+
+    /// Create an agent's inbox (mode 0600). An existing one is an error.
+    pub fn add_agent(&self, name: &str) -> Result<PathBuf> {
+        let path = self.inbox_path(name)?;
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+        {
+            Ok(file) => {
+                // The umask may have narrowed the mode; never widen it past 0600.
+                file.set_permissions(fs::Permissions::from_mode(0o600))
+                    .map_err(Error::io("set mode of", &path))?;
+                Ok(path)
+            }
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Err(Error::AgentExists {
+                name: name.to_owned(),
+                path,
+            }),
+            Err(e) => Err(Error::io("create inbox", &path)(e)),
+        }
+    }
+}
+
+/// The agent name of an inbox file name, when it is one.
+#[must_use]
+pub fn inbox_name(file_name: &str) -> Option<&str> {
+    file_name
+        .strip_suffix(INBOX_SUFFIX)
+        .filter(|name| is_agent_name(name))
+}
+
+fn check_name(name: &str) -> Result<()> {
+    if is_agent_name(name) {
+        Ok(())
+    } else {
+        Err(Error::BadAgentName {
+            name: name.to_owned(),
+        })
+    }
+}

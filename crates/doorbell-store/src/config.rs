@@ -1,0 +1,301 @@
+//! The TOML config. Every setting has a default, so no file is needed; a file that exists is
+//! read strictly: an unknown key or a bad value is an error naming the key and the file.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use doorbell_core::duration::parse_duration;
+use doorbell_core::{is_agent_name, BUILTIN_LOOPS};
+use serde::Deserialize;
+
+use crate::{Error, Result};
+
+/// One `[[agent]]` entry: a station, with an optional hook run when messages arrive.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    pub name: String,
+    #[serde(default)]
+    pub hook: Option<Vec<String>>,
+}
+
+/// The `[debts]` table: when the doorbell rings again and when a debt counts as stalled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Debts {
+    pub ring_after: Duration,
+    pub backoff: f64,
+    pub max_rings: u32,
+    pub stalled_after: Duration,
+}
+
+impl Default for Debts {
+    fn default() -> Self {
+        Self {
+            ring_after: Duration::from_secs(30 * 60),
+            backoff: 2.0,
+            max_rings: 4,
+            stalled_after: Duration::from_secs(4 * 3600),
+        }
+    }
+}
+
+/// The whole configuration, defaults filled in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Where the file came from, when there was one.
+    pub path: Option<PathBuf>,
+    /// The bridge folder, when the config names one.
+    pub dir: Option<PathBuf>,
+    /// The station that gets escalations and the morning report.
+    pub human: String,
+    pub max_line_bytes: usize,
+    pub agents: Vec<AgentConfig>,
+    pub loops: Vec<String>,
+    pub debts: Debts,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            path: None,
+            dir: None,
+            human: "human".to_owned(),
+            max_line_bytes: 1024 * 1024,
+            agents: Vec::new(),
+            loops: Vec::new(),
+            debts: Debts::default(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    dir: Option<String>,
+    human: Option<String>,
+    max_line_bytes: Option<usize>,
+    #[serde(default)]
+    agent: Vec<AgentConfig>,
+    #[serde(default, rename = "loop")]
+    loops: Vec<LoopFile>,
+    debts: Option<DebtsFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoopFile {
+    name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DebtsFile {
+    ring_after: Option<String>,
+    backoff: Option<f64>,
+    max_rings: Option<u32>,
+    stalled_after: Option<String>,
+}
+
+/// The config file used when none is named: `$XDG_CONFIG_HOME/doorbell/doorbell.toml`.
+#[must_use]
+pub fn default_path() -> Option<PathBuf> {
+    directories::BaseDirs::new()
+        .map(|dirs| dirs.config_dir().join("doorbell").join("doorbell.toml"))
+}
+
+/// Expand a leading `~/` to the home folder.
+#[must_use]
+pub fn expand_home(path: &str) -> PathBuf {
+    match (path.strip_prefix("~/"), path == "~") {
+        (_, true) => home().unwrap_or_else(|| PathBuf::from(path)),
+        (Some(rest), _) => home().map_or_else(|| PathBuf::from(path), |h| h.join(rest)),
+        (None, _) => PathBuf::from(path),
+    }
+}
+
+fn home() -> Option<PathBuf> {
+    directories::BaseDirs::new().map(|d| d.home_dir().to_path_buf())
+}
+
+impl Config {
+    /// Load `explicit` (which must exist), else the default path when it exists, else the
+    /// defaults.
+    pub fn load(explicit: Option<&Path>) -> Result<Config> {
+        match explicit {
+            Some(path) => Config::from_file(path),
+            None => match default_path() {
+                Some(path) if path.exists() => Config::from_file(&path),
+                _ => Ok(Config::default()),
+            },
+        }
+    }
+
+    /// Read and validate one config file.
+    pub fn from_file(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(Error::io("read config", path))?;
+        Config::parse(&text, path)
+    }
+
+    /// Parse and validate config text; `path` names the file in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Config> {
+        let bad = |message: String| Error::Config {
+            path: path.to_path_buf(),
+            message,
+        };
+        let file: ConfigFile =
+            toml::from_str(text).map_err(|e| bad(e.to_string().trim_end().to_owned()))?;
+        let mut config = Config {
+            path: Some(path.to_path_buf()),
+            ..Config::default()
+        };
+        config.dir = file.dir.as_deref().map(expand_home);
+        if let Some(human) = file.human {
+            if !is_agent_name(&human) {
+                return Err(bad(format!(
+                    "key 'human': '{human}' is not a valid agent name"
+                )));
+            }
+            config.human = human;
+        }
+        if let Some(max) = file.max_line_bytes {
+            if max < 256 {
+                return Err(bad(format!(
+                    "key 'max_line_bytes': {max} is too small (at least 256)"
+                )));
+            }
+            config.max_line_bytes = max;
+        }
+        let mut names = BTreeSet::new();
+        for agent in &file.agent {
+            check_name(&agent.name, "agent", &mut names).map_err(bad)?;
+            if let Some(hook) = &agent.hook {
+                if hook.is_empty() || hook[0].is_empty() {
+                    return Err(bad(format!(
+                        "key 'agent.hook' of '{}': the hook needs a program",
+                        agent.name
+                    )));
+                }
+            }
+        }
+        for entry in &file.loops {
+            check_name(&entry.name, "loop", &mut names).map_err(bad)?;
+        }
+        config.agents = file.agent;
+        config.loops = file.loops.into_iter().map(|l| l.name).collect();
+        if let Some(debts) = file.debts {
+            let duration =
+                |key: &str, value: Option<String>, default: Duration| -> Result<Duration> {
+                    value.map_or(Ok(default), |v| {
+                        parse_duration(&v).map_err(|e| bad(format!("key 'debts.{key}': {e}")))
+                    })
+                };
+            config.debts.ring_after =
+                duration("ring_after", debts.ring_after, config.debts.ring_after)?;
+            config.debts.stalled_after = duration(
+                "stalled_after",
+                debts.stalled_after,
+                config.debts.stalled_after,
+            )?;
+            if config.debts.ring_after.is_zero() {
+                return Err(bad("key 'debts.ring_after': must be more than zero".into()));
+            }
+            if let Some(backoff) = debts.backoff {
+                if !(1.0..=100.0).contains(&backoff) {
+                    return Err(bad(format!(
+                        "key 'debts.backoff': {backoff} must be between 1 and 100"
+                    )));
+                }
+                config.debts.backoff = backoff;
+            }
+            if let Some(max_rings) = debts.max_rings {
+                config.debts.max_rings = max_rings;
+            }
+        }
+        Ok(config)
+    }
+
+    /// The hook of `agent`, when the config gives one.
+    #[must_use]
+    pub fn hook(&self, agent: &str) -> Option<&[String]> {
+        self.agents
+            .iter()
+            .find(|a| a.name == agent)
+            .and_then(|a| a.hook.as_deref())
+    }
+}
+
+fn check_name(
+    name: &str,
+    what: &str,
+    seen: &mut BTreeSet<String>,
+) -> std::result::Result<(), String> {
+    if !is_agent_name(name) {
+        return Err(format!(
+            "key '{what}.name': '{name}' is not a valid agent name"
+        ));
+    }
+    if BUILTIN_LOOPS.contains(&name) {
+        return Err(format!(
+            "key '{what}.name': '{name}' is a built-in loop of the bridge"
+        ));
+    }
+    if !seen.insert(name.to_owned()) {
+        return Err(format!("key '{what}.name': '{name}' is named twice"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config> {
+        Config::parse(text, Path::new("/etc/doorbell.toml"))
+    }
+
+    #[test]
+    fn empty_file_is_all_defaults() {
+        let config = parse("").unwrap();
+        assert_eq!(config.human, "human");
+        assert_eq!(config.max_line_bytes, 1 << 20);
+        assert_eq!(config.debts, Debts::default());
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_file() {
+        let err = parse("dri = \"/tmp\"\n").unwrap_err().to_string();
+        assert!(err.contains("/etc/doorbell.toml"), "{err}");
+        assert!(err.contains("dri"), "{err}");
+        let err = parse("[debts]\nring_afterr = \"1h\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ring_afterr"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let err = parse("[debts]\nring_after = \"soon\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("debts.ring_after"), "{err}");
+        let err = parse("[[agent]]\nname = \"Web\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("agent.name"), "{err}");
+        let err = parse("[[loop]]\nname = \"bridge\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("built-in"), "{err}");
+        let err = parse("[[agent]]\nname = \"a\"\n[[loop]]\nname = \"a\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("twice"), "{err}");
+    }
+
+    #[test]
+    fn home_is_expanded() {
+        let config = parse("dir = \"~/bridge\"\n").unwrap();
+        assert!(!config.dir.unwrap().starts_with("~"));
+    }
+}

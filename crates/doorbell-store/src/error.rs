@@ -1,0 +1,65 @@
+//! The store's one error type. Variants carry the path or agent they concern; the binary adds
+//! context and turns them into messages for people.
+
+use std::io;
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("no such agent '{name}' ({})", known_list(.known))]
+    NoSuchAgent { name: String, known: Vec<String> },
+    #[error("'{name}' is not a valid agent name (use [a-z0-9][a-z0-9._-]{{0,63}})")]
+    BadAgentName { name: String },
+    #[error("agent '{name}' already has an inbox at {path}")]
+    AgentExists { name: String, path: PathBuf },
+    #[error("{path} is not a regular file (a symlink, FIFO or device is never followed)")]
+    NotRegularFile { path: PathBuf },
+    #[error("the bridge folder {path} does not exist (create it, or pick another with --dir or DOORBELL_DIR)")]
+    NoBridge { path: PathBuf },
+    #[error("another judge holds the bridge {dir} ({holder})")]
+    Locked { dir: PathBuf, holder: String },
+    #[error("config {path}: {message}")]
+    Config { path: PathBuf, message: String },
+    #[error("journal {path} line {line}: {message} (the judge's journal is damaged; move it aside to rebuild the ledger from the inboxes)")]
+    CorruptJournal {
+        path: PathBuf,
+        line: u64,
+        message: String,
+    },
+    #[error("cursor {path}: {message}")]
+    Cursor { path: PathBuf, message: String },
+}
+
+fn known_list(known: &[String]) -> String {
+    if known.is_empty() {
+        "no agents yet; add one with 'doorbell agent add'".to_owned()
+    } else {
+        format!(
+            "known: {}; add one with 'doorbell agent add'",
+            known.join(", ")
+        )
+    }
+}
+
+impl Error {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io {
+            action,
+            path,
+            source,
+        }
+    }
+}

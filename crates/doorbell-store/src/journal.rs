@@ -1,0 +1,330 @@
+//! The verdict journal, `.doorbell/journal.jsonl`: one record per judged line (inbox, file
+//! generation, offset, length, verdict, reason, the judge's `seenAt`), plus `mark` records
+//! that say which file and which bytes a position belongs to.
+//!
+//! Invariant: a verdict is journaled before anything acts on it, and a journaled line is
+//! never judged again. Accepted records carry what the ledger needs, so replaying the journal
+//! rebuilds the ledger without the inbox files. Only the judge (the lock holder) appends;
+//! anyone may read. A torn last record is ignored by readers and cut off by the next judge.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+use doorbell_core::{Accepted, Ledger, RefusalReason};
+use serde::{Deserialize, Serialize};
+
+use crate::hash::Marker;
+use crate::reader::{Line, LineReader};
+use crate::{Bridge, Error, Result};
+
+pub const JOURNAL_FILE: &str = "journal.jsonl";
+
+/// What a journal record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Word {
+    Accepted,
+    Duplicate,
+    Refused,
+    /// Not a verdict: the inbox's identity at an offset (its device, inode and marker).
+    Mark,
+}
+
+/// One journal line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    pub inbox: String,
+    pub gen: u32,
+    pub offset: u64,
+    /// The line's length in the file, its `\n` included (0 for a mark).
+    pub span: u64,
+    pub verdict: Word,
+    /// The judge's clock, milliseconds since the epoch.
+    pub seen_at: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// The line's id, when it had a readable one (refused and duplicate lines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<Accepted>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dev: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ino: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub marker: Option<Marker>,
+}
+
+impl Record {
+    #[must_use]
+    pub fn seen_at(&self) -> DateTime<Utc> {
+        DateTime::from_timestamp_millis(self.seen_at).unwrap_or_default()
+    }
+}
+
+/// The verdict of one line of an inbox generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LineVerdict {
+    pub offset: u64,
+    pub span: u64,
+    pub verdict: Word,
+    pub seen_at: i64,
+}
+
+/// What the journal knows of one inbox: its current generation and the verdicts in it.
+#[derive(Debug, Clone)]
+pub struct InboxJournal {
+    pub gen: u32,
+    pub dev: u64,
+    pub ino: u64,
+    /// The last mark: an offset and the marker of the bytes before it.
+    pub mark: Option<(u64, Marker)>,
+    /// Verdicts of the current generation, by offset.
+    pub lines: Vec<LineVerdict>,
+    /// Every line before this offset has a verdict: where judging resumes.
+    pub judged_to: u64,
+    /// Lines past `judged_to` that already have a verdict (judged out of order): offset to
+    /// span.
+    pub judged_beyond: BTreeMap<u64, u64>,
+    /// Whether `lines` is in offset order; `Snapshot::settle` restores it.
+    sorted: bool,
+}
+
+impl InboxJournal {
+    fn add(&mut self, verdict: LineVerdict) {
+        // Held lines are judged after later lines of their inbox: keep pushing, sort once.
+        self.sorted &= self
+            .lines
+            .last()
+            .is_none_or(|last| last.offset < verdict.offset);
+        self.lines.push(verdict);
+        if verdict.offset == self.judged_to {
+            self.judged_to += verdict.span;
+            while let Some(span) = self.judged_beyond.remove(&self.judged_to) {
+                self.judged_to += span;
+            }
+        } else if verdict.offset > self.judged_to {
+            self.judged_beyond.insert(verdict.offset, verdict.span);
+        }
+    }
+
+    fn sort(&mut self) {
+        if !self.sorted {
+            self.lines.sort_unstable_by_key(|l| l.offset);
+            self.sorted = true;
+        }
+    }
+
+    fn new_generation(&mut self, gen: u32, dev: u64, ino: u64) {
+        *self = InboxJournal {
+            gen,
+            dev,
+            ino,
+            ..InboxJournal::default()
+        };
+    }
+
+    /// Accepted lines from `offset` up to `judged_to`, in file order.
+    pub fn accepted_from(&self, offset: u64) -> impl Iterator<Item = &LineVerdict> {
+        debug_assert!(
+            self.sorted,
+            "Snapshot::settle sorts verdicts before they are read"
+        );
+        let start = self.lines.partition_point(|l| l.offset < offset);
+        self.lines[start..]
+            .iter()
+            .filter(|l| l.verdict == Word::Accepted && l.offset < self.judged_to)
+    }
+}
+
+impl Default for InboxJournal {
+    fn default() -> Self {
+        Self {
+            gen: 0,
+            dev: 0,
+            ino: 0,
+            mark: None,
+            lines: Vec::new(),
+            judged_to: 0,
+            judged_beyond: BTreeMap::new(),
+            sorted: true,
+        }
+    }
+}
+
+/// Everything the journal says: the ledger and each inbox's verdicts.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub ledger: Ledger,
+    pub inboxes: BTreeMap<String, InboxJournal>,
+    pub refused: BTreeMap<RefusalReason, u64>,
+    /// Where the last complete record ends.
+    pub journal_len: u64,
+}
+
+impl Snapshot {
+    /// Apply one record, in journal order.
+    pub fn apply(&mut self, record: &Record) {
+        let inbox = self.inboxes.entry(record.inbox.clone()).or_default();
+        if record.verdict == Word::Mark {
+            let (dev, ino) = (record.dev.unwrap_or(0), record.ino.unwrap_or(0));
+            if record.gen != inbox.gen || inbox.lines.is_empty() && inbox.mark.is_none() {
+                inbox.new_generation(record.gen, dev, ino);
+            }
+            if let Some(marker) = record.marker {
+                inbox.mark = Some((record.offset, marker));
+            }
+            return;
+        }
+        if record.gen != inbox.gen {
+            // Verdicts always follow their generation's mark; a stray one is ignored.
+            return;
+        }
+        inbox.add(LineVerdict {
+            offset: record.offset,
+            span: record.span,
+            verdict: record.verdict,
+            seen_at: record.seen_at,
+        });
+        match record.verdict {
+            Word::Accepted => {
+                if let Some(line) = &record.line {
+                    self.ledger.apply(line, record.seen_at());
+                }
+            }
+            Word::Refused => {
+                if let Some(reason) = record.reason.as_deref().and_then(RefusalReason::from_code) {
+                    *self.refused.entry(reason).or_default() += 1;
+                }
+            }
+            Word::Duplicate | Word::Mark => {}
+        }
+    }
+
+    /// Put every inbox's verdicts in file order, after lines were judged out of order.
+    pub fn settle(&mut self) {
+        for inbox in self.inboxes.values_mut() {
+            inbox.sort();
+        }
+    }
+
+    /// Read the bridge's journal. A missing journal is an empty snapshot.
+    pub fn load(bridge: &Bridge) -> Result<Snapshot> {
+        Snapshot::load_path(&journal_path(bridge))
+    }
+
+    pub fn load_path(path: &Path) -> Result<Snapshot> {
+        let mut snapshot = Snapshot::default();
+        let file = match File::open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(snapshot),
+            Err(e) => return Err(Error::io("open journal", path)(e)),
+        };
+        let mut number = 0u64;
+        let end = LineReader::new(1 << 26).read(&file, 0, |line| {
+            number += 1;
+            let Line::Complete { bytes, .. } = line else {
+                return Err(corrupt(path, number, "record too long".into()));
+            };
+            let record: Record =
+                serde_json::from_slice(bytes).map_err(|e| corrupt(path, number, e.to_string()))?;
+            snapshot.apply(&record);
+            Ok(())
+        })?;
+        snapshot.journal_len = end;
+        snapshot.settle();
+        Ok(snapshot)
+    }
+}
+
+fn corrupt(path: &Path, line: u64, message: String) -> Error {
+    Error::CorruptJournal {
+        path: path.to_path_buf(),
+        line,
+        message,
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(source: std::io::Error) -> Self {
+        Error::Io {
+            action: "read",
+            path: PathBuf::from("(journal)"),
+            source,
+        }
+    }
+}
+
+#[must_use]
+pub fn journal_path(bridge: &Bridge) -> PathBuf {
+    bridge
+        .dir()
+        .join(crate::bridge::STATE_DIR)
+        .join(JOURNAL_FILE)
+}
+
+/// The judge's appender. Records are buffered; `flush` hands them to the kernel (enough for a
+/// killed process), `sync` makes them durable.
+#[derive(Debug)]
+pub struct JournalWriter {
+    out: BufWriter<File>,
+    path: PathBuf,
+}
+
+impl JournalWriter {
+    /// Open the journal for appending, cutting off a torn last record at `valid_len`.
+    pub fn open(path: &Path, valid_len: u64) -> Result<JournalWriter> {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(Error::io("open journal", path))?;
+        let len = file
+            .metadata()
+            .map_err(Error::io("stat journal", path))?
+            .len();
+        if len > valid_len {
+            tracing::warn!(path = %path.display(), cut = len - valid_len, "cutting a torn record off the journal");
+            file.set_len(valid_len)
+                .map_err(Error::io("repair journal", path))?;
+        }
+        Ok(JournalWriter {
+            out: BufWriter::with_capacity(1 << 20, file),
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn append(&mut self, record: &Record) -> Result<()> {
+        serde_json::to_writer(&mut self.out, record)
+            .map_err(|e| Error::io("write journal", &self.path)(e.into()))?;
+        self.out
+            .write_all(b"\n")
+            .map_err(Error::io("write journal", &self.path))
+    }
+
+    pub fn flush(&mut self) -> Result<()> {
+        self.out
+            .flush()
+            .map_err(Error::io("write journal", &self.path))
+    }
+
+    pub fn sync(&mut self) -> Result<()> {
+        self.flush()?;
+        self.out
+            .get_ref()
+            .sync_data()
+            .map_err(Error::io("sync journal", &self.path))
+    }
+}

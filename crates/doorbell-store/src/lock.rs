@@ -1,0 +1,69 @@
+//! The bridge lock, `.doorbell/lock`: whoever holds it is the judge. The holder writes its
+//! pid and role into the file so a second judge can name it.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+
+use crate::{Bridge, Error, Result};
+
+/// A held bridge lock; dropping it releases the bridge.
+#[derive(Debug)]
+pub struct BridgeLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl BridgeLock {
+    /// Take the lock without waiting. `Ok(None)` when another judge holds it.
+    pub fn try_acquire(bridge: &Bridge, role: &str) -> Result<Option<BridgeLock>> {
+        let path = bridge.state_dir()?.join("lock");
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(Error::io("open lock", &path))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("lock", &path)(e)),
+        }
+        file.set_len(0).map_err(Error::io("write lock", &path))?;
+        writeln!(file, "pid {} ({role})", std::process::id())
+            .map_err(Error::io("write lock", &path))?;
+        Ok(Some(BridgeLock { _file: file, path }))
+    }
+
+    /// Take the lock or fail with `Error::Locked` naming the holder.
+    pub fn acquire(bridge: &Bridge, role: &str) -> Result<BridgeLock> {
+        match Self::try_acquire(bridge, role)? {
+            Some(lock) => Ok(lock),
+            None => Err(Error::Locked {
+                dir: bridge.dir().to_path_buf(),
+                holder: holder(bridge),
+            }),
+        }
+    }
+
+    #[must_use]
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
+/// Who holds the lock, as its holder wrote it.
+#[must_use]
+pub fn holder(bridge: &Bridge) -> String {
+    let path = bridge.dir().join(crate::bridge::STATE_DIR).join("lock");
+    let mut text = String::new();
+    let read = File::open(&path).and_then(|mut f| f.read_to_string(&mut text));
+    match read {
+        Ok(_) if !text.trim().is_empty() => text.trim().to_owned(),
+        _ => "holder unknown".to_owned(),
+    }
+}

@@ -1,0 +1,214 @@
+//! Reading whole lines from an offset. A line is complete only when its `\n` has been read;
+//! a trailing fragment is never handed out, and the position returned is always the start of
+//! a line. A line longer than the limit is skipped while streaming, never buffered whole.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+/// One complete line found in an inbox.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Line<'a> {
+    /// The line's bytes without the `\n`.
+    Complete { offset: u64, bytes: &'a [u8] },
+    /// A line over the limit: only its place and length are known.
+    TooLong { offset: u64, len: u64 },
+}
+
+impl Line<'_> {
+    /// Where the line starts.
+    #[must_use]
+    pub fn offset(&self) -> u64 {
+        match self {
+            Line::Complete { offset, .. } | Line::TooLong { offset, .. } => *offset,
+        }
+    }
+
+    /// The line's length in the file, with its `\n`.
+    #[must_use]
+    pub fn span(&self) -> u64 {
+        match self {
+            Line::Complete { bytes, .. } => bytes.len() as u64 + 1,
+            Line::TooLong { len, .. } => len + 1,
+        }
+    }
+}
+
+const FIRST_BUFFER: usize = 256 * 1024;
+
+/// A reusable line reader with a buffer bounded by the line limit.
+#[derive(Debug)]
+pub struct LineReader {
+    buf: Vec<u8>,
+    max_line_bytes: usize,
+}
+
+impl LineReader {
+    #[must_use]
+    pub fn new(max_line_bytes: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            max_line_bytes,
+        }
+    }
+
+    /// Call `each` for every complete line of `file` from `start` (which must be the start of
+    /// a line) to the end of the file, and return the offset just after the last complete
+    /// line. A line of up to `max_line_bytes` plus an optional `\r` counts as within the
+    /// limit; the judge measures it exactly.
+    pub fn read<E: From<io::Error>>(
+        &mut self,
+        file: &File,
+        start: u64,
+        mut each: impl FnMut(Line<'_>) -> Result<(), E>,
+    ) -> Result<u64, E> {
+        let limit = self.max_line_bytes + 1;
+        if self.buf.is_empty() {
+            self.buf = vec![0; FIRST_BUFFER.min(limit + 1).max(4096)];
+        }
+        let mut line_start = start; // file offset of buf[0]
+        let mut filled = 0; // bytes of buf in use
+        let mut read_at = start;
+        let mut skipping: Option<u64> = None; // bytes of an over-long line seen so far
+        loop {
+            if filled == self.buf.len() {
+                if self.buf.len() <= limit {
+                    let bigger = (self.buf.len() * 2).min(limit + 1);
+                    self.buf.resize(bigger, 0);
+                } else {
+                    // Longer than any allowed line: stop keeping it.
+                    skipping = Some(filled as u64);
+                    filled = 0;
+                }
+            }
+            let n = file.read_at(&mut self.buf[filled..], read_at)?;
+            if n == 0 {
+                return Ok(line_start);
+            }
+            read_at += n as u64;
+            let mut scan_from = filled;
+            filled += n;
+            if let Some(seen) = skipping {
+                match memchr::memchr(b'\n', &self.buf[..filled]) {
+                    None => {
+                        skipping = Some(seen + filled as u64);
+                        filled = 0;
+                        continue;
+                    }
+                    Some(at) => {
+                        let len = seen + at as u64;
+                        each(Line::TooLong {
+                            offset: line_start,
+                            len,
+                        })?;
+                        line_start += len + 1;
+                        skipping = None;
+                        self.buf.copy_within(at + 1..filled, 0);
+                        filled -= at + 1;
+                        scan_from = 0;
+                    }
+                }
+            }
+            let mut first = 0; // start of the current line in buf
+            for at in memchr::memchr_iter(b'\n', &self.buf[scan_from..filled]) {
+                let end = scan_from + at;
+                let offset = line_start + first as u64;
+                if end - first > limit {
+                    each(Line::TooLong {
+                        offset,
+                        len: (end - first) as u64,
+                    })?;
+                } else {
+                    each(Line::Complete {
+                        offset,
+                        bytes: &self.buf[first..end],
+                    })?;
+                }
+                first = end + 1;
+            }
+            if first > 0 {
+                self.buf.copy_within(first..filled, 0);
+                filled -= first;
+                line_start += first as u64;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn lines(content: &[u8], start: u64, max: usize) -> (Vec<String>, u64) {
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(content).unwrap();
+        let mut out = Vec::new();
+        let end = LineReader::new(max)
+            .read::<io::Error>(&file, start, |line| {
+                out.push(match line {
+                    Line::Complete { offset, bytes } => {
+                        format!("{offset}:{}", String::from_utf8_lossy(bytes))
+                    }
+                    Line::TooLong { offset, len } => format!("{offset}:too-long {len}"),
+                });
+                Ok(())
+            })
+            .unwrap();
+        (out, end)
+    }
+
+    #[test]
+    fn partial_tail_is_never_returned() {
+        assert_eq!(
+            lines(b"a\nbb\nccc", 0, 100),
+            (vec!["0:a".into(), "2:bb".into()], 5)
+        );
+        assert_eq!(lines(b"a\nbb\n", 2, 100), (vec!["2:bb".into()], 5));
+        assert_eq!(lines(b"", 0, 100), (vec![], 0));
+        assert_eq!(lines(b"xyz", 0, 100), (vec![], 0));
+    }
+
+    #[test]
+    fn long_lines_are_skipped_while_streaming() {
+        let mut content = b"ok\n".to_vec();
+        content.extend(std::iter::repeat_n(b'x', 1_000_000));
+        content.extend(b"\nnext\n");
+        let (out, end) = lines(&content, 0, 300);
+        assert_eq!(out, vec!["0:ok", "3:too-long 1000000", "1000004:next"]);
+        assert_eq!(end, content.len() as u64);
+    }
+
+    #[test]
+    fn a_long_line_without_newline_stays_unread() {
+        let mut content = b"ok\n".to_vec();
+        content.extend(std::iter::repeat_n(b'x', 100_000));
+        assert_eq!(lines(&content, 0, 300), (vec!["0:ok".into()], 3));
+    }
+
+    #[test]
+    fn many_lines_across_buffer_refills() {
+        let mut content = Vec::new();
+        for i in 0..50_000 {
+            writeln!(content, "line number {i}").unwrap();
+        }
+        let (out, end) = lines(&content, 0, 1 << 20);
+        assert_eq!(out.len(), 50_000);
+        assert!(out[49_999].ends_with(":line number 49999"));
+        assert_eq!(end, content.len() as u64);
+    }
+
+    #[test]
+    fn lines_at_the_limit() {
+        let exact = format!(
+            "{}\n{}\r\n{}\n",
+            "a".repeat(10),
+            "b".repeat(10),
+            "c".repeat(12)
+        );
+        let (out, _) = lines(exact.as_bytes(), 0, 10);
+        assert_eq!(out[0], format!("0:{}", "a".repeat(10)));
+        assert_eq!(out[1], format!("11:{}\r", "b".repeat(10)));
+        assert_eq!(out[2], "23:too-long 12");
+    }
+}
