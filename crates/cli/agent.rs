@@ -1,0 +1,77 @@
+//! `doorbell agent add` and `doorbell agent list`: stations, loops and their inboxes.
+
+use doorbell_core::BUILTIN_LOOPS;
+
+use crate::exit::OK;
+use crate::session::Session;
+
+pub fn add(session: &Session, name: &str) -> anyhow::Result<i32> {
+    let bridge = session.bridge_or_create()?;
+    let path = bridge.add_agent(name)?;
+    println!("{}", path.display());
+    Ok(OK)
+}
+
+pub fn list(session: &Session, json: bool) -> anyhow::Result<i32> {
+    let bridge = session.bridge()?;
+    let inboxes = bridge.inboxes()?;
+    let mut stations: Vec<(String, bool)> = inboxes.iter().map(|n| (n.clone(), true)).collect();
+    for agent in &session.config.agents {
+        if !inboxes.contains(&agent.name) {
+            stations.push((agent.name.clone(), false));
+        }
+    }
+    stations.sort();
+    let refused = bridge.refused_inboxes()?;
+    let human = &session.config.human;
+    let mut warnings = Vec::new();
+    if !inboxes.contains(human) {
+        warnings.push(format!(
+            "the human station '{human}' has no inbox: escalations and reports have nowhere to go (doorbell agent add {human})"
+        ));
+    }
+    for (name, has_inbox) in &stations {
+        if !has_inbox {
+            warnings.push(format!(
+                "agent '{name}' is in the config but has no inbox (doorbell agent add {name})"
+            ));
+        }
+    }
+    for path in &refused {
+        warnings.push(format!(
+            "{} is not a regular file and is refused",
+            path.display()
+        ));
+    }
+    if json {
+        let doc = serde_json::json!({
+            "dir": bridge.dir().display().to_string(),
+            "stations": stations.iter().map(|(name, has_inbox)| serde_json::json!({
+                "name": name,
+                "inbox": has_inbox.then(|| bridge.inbox_path(name).ok().map(|p| p.display().to_string())).flatten(),
+            })).collect::<Vec<_>>(),
+            "loops": session.config.loops,
+            "builtinLoops": BUILTIN_LOOPS,
+            "warnings": warnings,
+        });
+        println!("{doc}");
+        return Ok(OK);
+    }
+    println!("bridge {}", bridge.dir().display());
+    println!("stations:");
+    for (name, has_inbox) in &stations {
+        let note = if *has_inbox { "" } else { "  (no inbox)" };
+        println!("  {name}{note}");
+    }
+    if !session.config.loops.is_empty() {
+        println!("loops (notes only):");
+        for name in &session.config.loops {
+            println!("  {name}");
+        }
+    }
+    println!("built-in loops: {}", BUILTIN_LOOPS.join(", "));
+    for warning in &warnings {
+        eprintln!("warning: {warning}");
+    }
+    Ok(OK)
+}

@@ -1,0 +1,141 @@
+//! The command line, defined once: help text, completions and the man page all come from here.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "doorbell",
+    version,
+    about = "A local message bridge for a team of AI agents: inboxes, a judge, and a doorbell for unanswered requests",
+    after_help = "A message is a doorbell, never an instruction: doorbell carries questions and answers, it never runs what they say."
+)]
+pub struct Cli {
+    /// The bridge folder (default: `$DOORBELL_DIR`, the config's `dir`, or `~/.local/share/doorbell`)
+    #[arg(long, global = true, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// The config file (default: `$XDG_CONFIG_HOME/doorbell/doorbell.toml`)
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Append a message to other agents' inboxes and print its id
+    Send(Box<SendArgs>),
+    /// Show accepted messages past an agent's cursor, then move the cursor
+    Read(ReadArgs),
+    /// Apply the stateless rules to every line of inbox files, offline
+    Check(CheckArgs),
+    /// Judge every unjudged line of every inbox
+    Daemon(DaemonArgs),
+    /// Create and list stations
+    #[command(subcommand)]
+    Agent(AgentCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// Recipient; repeat it, or say `all`, for a broadcast
+    #[arg(long, required = true, value_name = "AGENT")]
+    pub to: Vec<String>,
+    /// Sender (default: `$DOORBELL_AGENT`)
+    #[arg(long, env = "DOORBELL_AGENT", value_name = "AGENT")]
+    pub from: Option<String>,
+    /// request, response or note (default: note, or response with --correlates-to)
+    #[arg(long, value_name = "KIND")]
+    pub kind: Option<String>,
+    /// The request's state after this message (a response needs one)
+    #[arg(long, value_name = "STATE")]
+    pub state: Option<String>,
+    /// The request this message answers
+    #[arg(long, value_name = "ID")]
+    pub correlates_to: Option<String>,
+    /// The thread (default: a request's own id, a response's request's)
+    #[arg(long, value_name = "ID")]
+    pub context_id: Option<String>,
+    /// The work item in the recipient's queue, carried as is
+    #[arg(long, value_name = "ID")]
+    pub task_id: Option<String>,
+    /// 0 low, 1 normal, 2 high, 3 critical
+    #[arg(long, value_name = "N")]
+    pub priority: Option<u8>,
+    /// When the answer is needed: RFC 3339, or a duration from now such as 2h
+    #[arg(long, value_name = "TIME")]
+    pub reply_by: Option<String>,
+    /// A JSON object to send as a data part
+    #[arg(long, value_name = "JSON")]
+    pub data: Option<String>,
+    /// The message id (default: a new ULID); reuse it to retry safely
+    #[arg(long, value_name = "ID")]
+    pub id: Option<String>,
+    /// The text, or - to read it from stdin (the default when there is no --data)
+    #[arg(value_name = "TEXT", allow_hyphen_values = false)]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReadArgs {
+    /// Whose inbox
+    pub agent: String,
+    /// Show without moving the cursor
+    #[arg(long)]
+    pub peek: bool,
+    /// Show every accepted message, read or not
+    #[arg(long)]
+    pub all: bool,
+    /// One JSON line per message
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Inbox files (default: every inbox of the bridge)
+    pub files: Vec<PathBuf>,
+    /// The line limit (default: the config's `max_line_bytes`)
+    #[arg(long, value_name = "BYTES")]
+    pub max_line_bytes: Option<usize>,
+    /// One JSON line per judged line
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// Judge everything waiting, then exit
+    #[arg(long, required = true)]
+    pub once: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentCommand {
+    /// Create an agent's inbox (and the bridge folder when needed)
+    Add {
+        /// The agent's name: [a-z0-9][a-z0-9._-]{0,63}
+        name: String,
+    },
+    /// List stations, loops and their inboxes
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+impl Cli {
+    pub fn run(self) -> anyhow::Result<i32> {
+        crate::session::init_tracing();
+        let session = crate::session::Session::new(self.dir.as_deref(), self.config.as_deref())?;
+        match self.command {
+            Command::Send(args) => crate::send::run(&session, &args),
+            Command::Read(args) => crate::read::run(&session, &args),
+            Command::Check(args) => crate::check::run(&session, &args),
+            Command::Daemon(_) => crate::session::daemon_once(&session),
+            Command::Agent(AgentCommand::Add { name }) => crate::agent::add(&session, &name),
+            Command::Agent(AgentCommand::List { json }) => crate::agent::list(&session, json),
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! Exit codes and how failures reach a person: 0 ok, 1 runtime failure, 2 usage error or
+//! refused input, 3 another judge holds the bridge.
+
+use std::fmt;
+
+pub const OK: i32 = 0;
+pub const FAILURE: i32 = 1;
+pub const REFUSED: i32 = 2;
+pub const LOCKED: i32 = 3;
+
+/// A failure with a chosen exit code; anything else is a runtime failure (exit 1).
+#[derive(Debug)]
+pub struct Exit {
+    pub code: i32,
+    pub message: String,
+}
+
+impl fmt::Display for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Exit {}
+
+/// Refused input or a usage error: exit 2.
+pub fn refused(message: impl Into<String>) -> anyhow::Error {
+    Exit {
+        code: REFUSED,
+        message: message.into(),
+    }
+    .into()
+}
+
+/// Print an error chain for a person and choose the exit code.
+pub fn report(error: &anyhow::Error) -> i32 {
+    let code = if let Some(exit) = error.downcast_ref::<Exit>() {
+        exit.code
+    } else {
+        match error.downcast_ref::<doorbell_store::Error>() {
+            Some(doorbell_store::Error::Locked { .. }) => LOCKED,
+            Some(
+                doorbell_store::Error::NoSuchAgent { .. }
+                | doorbell_store::Error::BadAgentName { .. }
+                | doorbell_store::Error::NotRegularFile { .. }
+                | doorbell_store::Error::AgentExists { .. }
+                | doorbell_store::Error::Config { .. },
+            ) => REFUSED,
+            _ => FAILURE,
+        }
+    };
+    let mut message = error.to_string();
+    for cause in error.chain().skip(1) {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+    }
+    eprintln!("doorbell: {message}");
+    code
+}

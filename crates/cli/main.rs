@@ -1,0 +1,20 @@
+//! The `doorbell` binary: parse the command line, set up logging, run the command, and turn
+//! its outcome into an exit code. Everything else lives in the modules beside this file.
+
+mod agent;
+mod args;
+mod check;
+mod exit;
+mod output;
+mod read;
+mod send;
+mod session;
+
+fn main() {
+    let args = <args::Cli as clap::Parser>::parse();
+    let code = match args.run() {
+        Ok(code) => code,
+        Err(error) => exit::report(&error),
+    };
+    std::process::exit(code);
+}
