@@ -1,0 +1,101 @@
+//! The judge's catch-up: every line judged once, across inboxes in any order.
+
+use crate::util::{line, Bridge};
+
+#[test]
+fn responses_read_before_their_requests_are_accepted() {
+    // `aaa` sorts first, so its inbox is read before the requests in `zzz`'s inbox.
+    let bridge = Bridge::with_agents(&["aaa", "zzz"]);
+    let mut responses = String::new();
+    let mut requests = String::new();
+    for i in 0..50 {
+        let request = format!("01REQ{i:04}");
+        requests += &line(&request, "aaa", "zzz", "request", "");
+        requests += "\n";
+        responses += &line(
+            &format!("01RSP{i:04}"),
+            "zzz",
+            "aaa",
+            "response",
+            &format!(r#","correlatesTo":"{request}","state":"working""#),
+        );
+        responses += "\n";
+        responses += &line(
+            &format!("01FIN{i:04}"),
+            "zzz",
+            "aaa",
+            "response",
+            &format!(r#","correlatesTo":"{request}","state":"completed""#),
+        );
+        responses += "\n";
+    }
+    // A response to a request that exists nowhere is still refused.
+    responses += &line(
+        "01ORPHAN",
+        "zzz",
+        "aaa",
+        "response",
+        r#","correlatesTo":"01NOWHERE","state":"completed""#,
+    );
+    responses += "\n";
+    bridge.append_raw("aaa", responses.as_bytes());
+    bridge.append_raw("zzz", requests.as_bytes());
+    let run = bridge.doorbell(&["daemon", "--once"]);
+    run.ok();
+    let verdicts = bridge.verdicts();
+    assert_eq!(verdicts.len(), 151, "every line judged exactly once");
+    let refused: Vec<_> = verdicts.iter().filter(|v| v.2 != "accepted").collect();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].3.as_deref(), Some("unknown-request"));
+    // Held lines were judged in their inbox's order: working before completed.
+    assert_eq!(bridge.read_json("aaa", &[]).len(), 100);
+    // A second catch-up judges nothing again.
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    assert_eq!(bridge.verdicts().len(), 151);
+}
+
+#[test]
+fn a_killed_judge_resumes_without_judging_twice() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    for i in 0..20 {
+        bridge
+            .doorbell(&["send", "--to", "web", "--from", "design", &format!("n{i}")])
+            .ok();
+    }
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    // A torn last journal record, as a judge killed mid-write leaves it.
+    let journal = bridge.dir().join(".doorbell/journal.jsonl");
+    let mut bytes = std::fs::read(&journal).unwrap();
+    let before = bridge.verdicts().len();
+    bytes.extend_from_slice(br#"{"inbox":"web","gen":0,"off"#);
+    std::fs::write(&journal, &bytes).unwrap();
+    bridge
+        .doorbell(&["send", "--to", "web", "--from", "design", "after"])
+        .ok();
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let verdicts = bridge.verdicts();
+    assert_eq!(verdicts.len(), before + 1);
+    let mut offsets: Vec<_> = verdicts.iter().map(|v| (v.0.clone(), v.1)).collect();
+    offsets.dedup();
+    assert_eq!(offsets.len(), verdicts.len(), "no line has two verdicts");
+}
+
+#[test]
+fn a_second_judge_is_refused_with_exit_3() {
+    let bridge = Bridge::with_agents(&["web"]);
+    let lock_path = bridge.dir().join(".doorbell/lock");
+    std::fs::create_dir_all(lock_path.parent().unwrap()).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .unwrap();
+    file.lock().unwrap();
+    std::fs::write(&lock_path, "pid 4242 (test)\n").unwrap();
+    let run = bridge.doorbell(&["daemon", "--once"]);
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert!(run.stderr.contains("pid 4242"), "{}", run.stderr);
+    // Reading still works from the journal as it stands.
+    assert_eq!(bridge.doorbell(&["read", "web"]).code, 0);
+}

@@ -1,0 +1,164 @@
+//! `doorbell read`: only accepted, complete lines; the cursor moves past what was judged and
+//! never into a line; a replaced inbox is detected, not trusted.
+
+use crate::util::{line, Bridge};
+
+fn ids(records: &[serde_json::Value]) -> Vec<String> {
+    records
+        .iter()
+        .map(|r| r["envelope"]["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn read_twice_shows_nothing_the_second_time_and_peek_shows_the_same_twice() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    for text in ["one", "two"] {
+        bridge
+            .doorbell(&["send", "--to", "web", "--from", "design", text])
+            .ok();
+    }
+    let peek1 = bridge.read_json("web", &["--peek"]);
+    let peek2 = bridge.read_json("web", &["--peek"]);
+    assert_eq!(peek1.len(), 2);
+    assert_eq!(ids(&peek1), ids(&peek2));
+    assert_eq!(bridge.read_json("web", &[]).len(), 2);
+    assert!(bridge.read_json("web", &[]).is_empty());
+    assert_eq!(
+        bridge.read_json("web", &["--all"]).len(),
+        2,
+        "--all shows read messages too"
+    );
+    bridge
+        .doorbell(&["send", "--to", "web", "--from", "design", "three"])
+        .ok();
+    let third = bridge.read_json("web", &[]);
+    assert_eq!(third.len(), 1);
+    assert_eq!(third[0]["envelope"]["message"]["parts"][0]["text"], "three");
+}
+
+#[test]
+fn a_partial_last_line_is_never_shown_and_the_cursor_stops_before_it() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let whole = line("01WHOLE", "design", "web", "note", "");
+    let partial = line("01PART", "design", "web", "note", "");
+    let (head, tail) = partial.split_at(40);
+    bridge.append_raw("web", format!("{whole}\n{head}").as_bytes());
+    assert_eq!(ids(&bridge.read_json("web", &[])), ["01WHOLE"]);
+    let cursor: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(bridge.dir().join("web-inbox.cursor")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        cursor["offset"],
+        whole.len() + 1,
+        "the cursor is at the start of the partial line"
+    );
+    bridge.append_raw("web", format!("{tail}\n").as_bytes());
+    assert_eq!(
+        ids(&bridge.read_json("web", &[])),
+        ["01PART"],
+        "the completed line is shown whole"
+    );
+}
+
+#[test]
+fn refused_lines_are_not_shown_but_passed() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    bridge.append_raw("web", b"not json\n");
+    bridge
+        .doorbell(&["send", "--to", "web", "--from", "design", "good"])
+        .ok();
+    assert_eq!(bridge.read_json("web", &[]).len(), 1);
+    assert!(bridge.read_json("web", &[]).is_empty());
+}
+
+#[test]
+fn a_cursor_on_a_replaced_inbox_is_detected_not_trusted() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    for text in ["one", "two", "three"] {
+        bridge
+            .doorbell(&["send", "--to", "web", "--from", "design", text])
+            .ok();
+    }
+    assert_eq!(bridge.read_json("web", &[]).len(), 3);
+    // Replace the inbox by rename with a longer file of other messages.
+    let replacement = bridge.dir().join("web-inbox.tmp");
+    let mut content = String::new();
+    for i in 0..5 {
+        content += &line(&format!("01NEW{i}"), "design", "web", "note", "");
+        content += "\n";
+    }
+    std::fs::write(&replacement, content).unwrap();
+    std::fs::rename(&replacement, bridge.inbox("web")).unwrap();
+    let run = bridge.doorbell(&["read", "web", "--json"]);
+    run.ok();
+    assert!(
+        run.stderr.contains("replaced or truncated"),
+        "{}",
+        run.stderr
+    );
+    let got: Vec<serde_json::Value> = run
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        ids(&got),
+        ["01NEW0", "01NEW1", "01NEW2", "01NEW3", "01NEW4"]
+    );
+}
+
+#[test]
+fn a_truncated_inbox_is_read_again_from_the_start() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    for text in ["one", "two"] {
+        bridge
+            .doorbell(&["send", "--to", "web", "--from", "design", text])
+            .ok();
+    }
+    assert_eq!(bridge.read_json("web", &[]).len(), 2);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(bridge.inbox("web"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    bridge
+        .doorbell(&[
+            "send",
+            "--to",
+            "web",
+            "--from",
+            "design",
+            "after truncation",
+        ])
+        .ok();
+    let got = bridge.read_json("web", &[]);
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0]["envelope"]["message"]["parts"][0]["text"],
+        "after truncation"
+    );
+}
+
+#[test]
+fn human_output_escapes_terminal_controls() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    bridge
+        .doorbell(&[
+            "send",
+            "--to",
+            "web",
+            "--from",
+            "design",
+            "--",
+            "hi \u{1b}[2J there",
+        ])
+        .ok();
+    let out = bridge.doorbell(&["read", "web"]);
+    let text = out.ok();
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+    assert!(text.contains("hi \\u{1b}[2J there"), "{text}");
+    assert!(text.contains("note design → web"), "{text}");
+}

@@ -1,0 +1,213 @@
+//! `doorbell send`: what it writes, what it refuses before writing, and safe retries.
+
+use crate::util::Bridge;
+
+#[test]
+fn sending_to_an_unknown_agent_exits_2_names_the_known_ones_and_creates_nothing() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let run = bridge.doorbell(&["send", "--to", "wbe", "--from", "design", "hi"]);
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr.contains(
+            "no such agent 'wbe' (known: design, web; add one with 'doorbell agent add')"
+        ),
+        "{}",
+        run.stderr
+    );
+    assert!(!bridge.inbox("wbe").exists());
+    let script = bridge.script(&["--to", "wbe", "--from", "design", "hi"], None);
+    assert_eq!(script.code, 2);
+    assert!(
+        script
+            .stderr
+            .contains("no such agent 'wbe' (known: design, web"),
+        "{}",
+        script.stderr
+    );
+    assert!(!bridge.inbox("wbe").exists());
+}
+
+#[test]
+fn send_writes_one_line_with_the_envelope_and_prints_the_id() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let id = bridge
+        .doorbell(&[
+            "send",
+            "--to",
+            "web",
+            "--from",
+            "design",
+            "--kind",
+            "request",
+            "--priority",
+            "2",
+            "--reply-by",
+            "2h",
+            "--task-id",
+            "q-1",
+            "please",
+        ])
+        .ok()
+        .trim()
+        .to_owned();
+    assert_eq!(id.len(), 26, "a ULID: {id}");
+    let lines = bridge.lines("web");
+    assert_eq!(lines.len(), 1);
+    let envelope: serde_json::Value = serde_json::from_slice(&lines[0]).unwrap();
+    assert_eq!(envelope["id"], id.as_str());
+    assert_eq!(envelope["kind"], "request");
+    assert_eq!(envelope["state"], "submitted");
+    assert_eq!(envelope["contextId"], id.as_str());
+    assert_eq!(envelope["priority"], 2);
+    assert_eq!(envelope["taskId"], "q-1");
+    assert!(envelope["replyBy"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(envelope["message"]["parts"][0]["text"], "please");
+}
+
+#[test]
+fn refused_input_exits_2_and_appends_nothing() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let cases: &[&[&str]] = &[
+        &[
+            "send", "--to", "web", "--from", "design", "--kind", "response", "x",
+        ],
+        &[
+            "send",
+            "--to",
+            "web",
+            "--from",
+            "design",
+            "--correlates-to",
+            "01X",
+            "x",
+        ],
+        &[
+            "send", "--to", "web", "--from", "design", "--kind", "question", "x",
+        ],
+        &[
+            "send", "--to", "web", "--from", "design", "--state", "working", "x",
+        ],
+        &[
+            "send",
+            "--to",
+            "web",
+            "--from",
+            "design",
+            "--priority",
+            "7",
+            "x",
+        ],
+        &[
+            "send", "--to", "web", "--from", "design", "--id", "a:b", "x",
+        ],
+        &["send", "--to", "web", "--from", "bridge", "x"],
+        &["send", "--to", "web", "--from", "nobody", "x"],
+        &[
+            "send",
+            "--to",
+            "web",
+            "--from",
+            "design",
+            "--reply-by",
+            "soon",
+            "x",
+        ],
+        &["send", "--to", "web", "x"],
+        &[
+            "send",
+            "--to",
+            "web",
+            "--from",
+            "design",
+            "--correlates-to",
+            "01NOSUCH",
+            "--state",
+            "completed",
+            "x",
+        ],
+    ];
+    for args in cases {
+        let run = bridge.doorbell(args);
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+        assert!(!run.stderr.is_empty(), "{args:?} says why");
+    }
+    assert!(bridge.lines("web").is_empty());
+}
+
+#[test]
+fn a_retry_with_the_same_id_is_a_duplicate_and_counted_once() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let send = |text: &str| {
+        bridge.doorbell(&[
+            "send", "--to", "web", "--from", "design", "--kind", "request", "--id", "01RETRY", text,
+        ])
+    };
+    send("same").ok();
+    // The shell sender cannot see the journal, so its retry is appended and judged a duplicate.
+    bridge
+        .script(
+            &[
+                "--to", "web", "--from", "design", "--kind", "request", "--id", "01RETRY", "same",
+            ],
+            None,
+        )
+        .ok();
+    assert_eq!(bridge.lines("web").len(), 2);
+    let read = bridge.read_json("web", &[]);
+    assert_eq!(read.len(), 1, "a duplicate is shown once");
+    let verdicts = bridge.verdicts();
+    assert_eq!(
+        verdicts.iter().filter(|v| v.2 == "duplicate").count(),
+        1,
+        "{verdicts:?}"
+    );
+    // Once judged, a retry is recognised before writing; another text under the id is refused.
+    send("same").ok();
+    assert_eq!(bridge.lines("web").len(), 2);
+    let reused = send("different");
+    assert_eq!(reused.code, 2);
+    assert!(reused.stderr.contains("id-reused"), "{}", reused.stderr);
+}
+
+#[test]
+fn broadcast_writes_one_line_per_station_with_a_shared_thread() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let out = bridge.doorbell(&[
+        "send", "--to", "all", "--from", "human", "--kind", "request", "--id", "01ALL", "status?",
+    ]);
+    let ids: Vec<&str> = out.ok().lines().collect();
+    assert_eq!(ids, ["01ALL.design", "01ALL.human", "01ALL.web"]);
+    for name in ["web", "design", "human"] {
+        let envelope: serde_json::Value = serde_json::from_slice(&bridge.lines(name)[0]).unwrap();
+        assert_eq!(envelope["id"], format!("01ALL.{name}"));
+        assert_eq!(envelope["contextId"], "01ALL");
+    }
+}
+
+#[test]
+fn a_symlinked_inbox_is_refused_not_followed() {
+    let bridge = Bridge::with_agents(&["design"]);
+    let target = bridge.tmp.path().join("elsewhere.jsonl");
+    std::fs::write(&target, "").unwrap();
+    std::os::unix::fs::symlink(&target, bridge.inbox("web")).unwrap();
+    let run = bridge.doorbell(&["send", "--to", "web", "--from", "design", "hi"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("not a regular file"), "{}", run.stderr);
+    assert_eq!(std::fs::read(&target).unwrap(), b"");
+}
+
+#[test]
+fn text_from_stdin_drops_trailing_newlines_only() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    bridge
+        .doorbell_stdin(
+            &["send", "--to", "web", "--from", "design", "-"],
+            b"\n line one\n\tline two \n\n",
+        )
+        .ok();
+    let envelope: serde_json::Value = serde_json::from_slice(&bridge.lines("web")[0]).unwrap();
+    assert_eq!(
+        envelope["message"]["parts"][0]["text"],
+        "\n line one\n\tline two "
+    );
+}

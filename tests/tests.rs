@@ -1,0 +1,11 @@
+//! End-to-end tests: the real `doorbell` binary and `scripts/doorbell-send` on real files in
+//! a temporary bridge folder. One test binary, one module per feature.
+
+mod util;
+
+mod catch_up;
+mod check;
+mod read;
+mod script;
+mod send;
+mod senders;
