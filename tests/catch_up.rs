@@ -67,7 +67,7 @@ fn a_killed_judge_resumes_without_judging_twice() {
     let journal = bridge.dir().join(".doorbell/journal.jsonl");
     let mut bytes = std::fs::read(&journal).unwrap();
     let before = bridge.verdicts().len();
-    bytes.extend_from_slice(br#"{"inbox":"web","gen":0,"off"#);
+    bytes.extend_from_slice(br#"{"in":"web","o":12"#);
     std::fs::write(&journal, &bytes).unwrap();
     bridge
         .doorbell(&["send", "--to", "web", "--from", "design", "after"])

@@ -164,16 +164,22 @@ impl Bridge {
             .collect()
     }
 
-    /// The journal's verdicts (not marks) as (inbox, offset, verdict, reason).
+    /// The journal's verdicts (not marks) as (inbox, offset, verdict, reason), spelled out.
     pub fn verdicts(&self) -> Vec<(String, u64, String, Option<String>)> {
         self.journal()
             .into_iter()
-            .filter(|r| r["verdict"] != "mark")
+            .filter(|r| r["v"] != "m")
             .map(|r| {
+                let verdict = match r["v"].as_str().unwrap() {
+                    "a" => "accepted",
+                    "d" => "duplicate",
+                    "r" => "refused",
+                    other => panic!("unknown verdict {other}"),
+                };
                 (
-                    r["inbox"].as_str().unwrap().to_owned(),
-                    r["offset"].as_u64().unwrap(),
-                    r["verdict"].as_str().unwrap().to_owned(),
+                    r["in"].as_str().unwrap().to_owned(),
+                    r["o"].as_u64().unwrap(),
+                    verdict.to_owned(),
                     r["reason"].as_str().map(str::to_owned),
                 )
             })

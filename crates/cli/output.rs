@@ -60,8 +60,9 @@ pub fn wrap(text: &str, width: usize, indent: &str) -> String {
     out
 }
 
-/// A message for a person: a header line, then the text.
-pub fn message(envelope: &Envelope<'_>, seen_at: DateTime<Utc>, now: DateTime<Utc>) -> String {
+/// A message for a person: a header line, then the text. The age is the sender's
+/// `createdAt`, which is informative only.
+pub fn message(envelope: &Envelope<'_>, now: DateTime<Utc>) -> String {
     let mut head = format!("{} {} → {}", envelope.kind, envelope.from, envelope.to);
     if let Some(state) = envelope.state {
         let _ = write!(head, " [{state}]");
@@ -70,7 +71,7 @@ pub fn message(envelope: &Envelope<'_>, seen_at: DateTime<Utc>, now: DateTime<Ut
         let label = ["low", "normal", "high", "critical"][usize::from(envelope.priority.min(3))];
         let _ = write!(head, " priority {label}");
     }
-    let _ = write!(head, " · {}", age(seen_at, now));
+    let _ = write!(head, " · sent {}", age(envelope.created_at, now));
     let mut ids = format!("id {}", envelope.id);
     if let Some(request) = &envelope.correlates_to {
         let _ = write!(ids, " · re {request}");

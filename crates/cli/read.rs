@@ -2,34 +2,48 @@
 //! where judging stopped. It never shows a line the journal has not accepted, never a partial
 //! line, and never moves the cursor past a line the judge has not judged.
 
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 
 use anyhow::Context;
 use chrono::Utc;
 use doorbell_core::{judge_stateless, Limits};
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor::{self, Position};
+use doorbell_store::reader::{Line, LineReader};
+use serde_json::value::RawValue;
 
 use crate::args::ReadArgs;
 use crate::exit::OK;
 use crate::output;
-use crate::session::Session;
+use crate::session::{caught_up, Session};
 
 /// One message of `read --json`: where it is, its verdict, and the envelope exactly as written.
 #[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
 pub struct JsonMessage<'a> {
     pub inbox: &'a str,
     pub offset: u64,
     pub verdict: &'a str,
-    pub seen_at: String,
-    pub envelope: &'a serde_json::value::RawValue,
+    pub envelope: &'a RawValue,
+}
+
+/// Why reading stopped early.
+enum Stop {
+    /// The reader of our output went away: stop quietly.
+    ClosedPipe,
+    Failed(anyhow::Error),
+}
+
+impl From<std::io::Error> for Stop {
+    fn from(e: std::io::Error) -> Self {
+        Stop::Failed(e.into())
+    }
 }
 
 pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let path = bridge.require_inbox(&args.agent)?;
-    let snapshot = crate::session::caught_up(&bridge)?;
+    let snapshot = caught_up(&bridge)?;
     let inbox = open_inbox(&path, false)?;
     let meta = inbox.metadata().context("stat inbox")?;
     let position = cursor::load(&bridge, &args.agent, &inbox)?;
@@ -44,7 +58,7 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
         .get(&args.agent)
         .filter(|j| j.dev == meta.dev() && j.ino == meta.ino())
     else {
-        // The judge has not seen this file yet: nothing is accepted in it.
+        // The judge has not seen this file yet: nothing in it is accepted.
         return Ok(OK);
     };
     let from = if args.all { 0 } else { position.offset() };
@@ -53,44 +67,51 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
     };
     let now = Utc::now();
     let mut out = std::io::stdout().lock();
-    let mut buf = Vec::new();
-    for line in journal.accepted_from(from) {
-        buf.resize(line.span as usize - 1, 0);
-        inbox
-            .read_exact_at(&mut buf, line.offset)
-            .with_context(|| format!("reading {} at byte {}", path.display(), line.offset))?;
-        let seen_at = chrono::DateTime::from_timestamp_millis(line.seen_at).unwrap_or(now);
-        let Ok(envelope) = judge_stateless(&buf, None, &limits) else {
-            // The bytes no longer match their verdict: the file changed under us.
-            anyhow::bail!(
-                "{} changed at byte {} while reading; run the command again",
-                path.display(),
-                line.offset
-            );
+    let mut reader = LineReader::new(bridge.max_line_bytes());
+    let result = reader.read(&inbox, from, |line| -> Result<(), Stop> {
+        let Line::Complete { offset, bytes } = line else {
+            return Ok(());
+        };
+        if offset >= journal.judged_to || !journal.is_accepted(offset) {
+            return Ok(());
+        }
+        let Ok(envelope) = judge_stateless(bytes, None, &limits) else {
+            // Accepted bytes always parse; these changed under us.
+            return Err(Stop::Failed(anyhow::anyhow!(
+                "{} changed at byte {offset} while reading; run the command again",
+                path.display()
+            )));
         };
         let text = if args.json {
-            let raw: &serde_json::value::RawValue =
-                serde_json::from_slice(buf.strip_suffix(b"\r").unwrap_or(&buf))
-                    .context("re-reading an accepted line")?;
+            let raw: &RawValue = serde_json::from_slice(bytes.strip_suffix(b"\r").unwrap_or(bytes))
+                .map_err(|e| Stop::Failed(e.into()))?;
             let record = JsonMessage {
                 inbox: &args.agent,
-                offset: line.offset,
+                offset,
                 verdict: "accepted",
-                seen_at: seen_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
                 envelope: raw,
             };
-            let record =
+            let mut text =
                 serde_json::to_string(&record).expect("a message record always serialises");
-            format!("{record}\n")
+            text.push('\n');
+            text
         } else {
-            format!("{}\n", output::message(&envelope, seen_at, now))
+            format!("{}\n", output::message(&envelope, now))
         };
-        match std::io::Write::write_all(&mut out, text.as_bytes()) {
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(OK),
-            other => other.context("writing to stdout")?,
+        match out.write_all(text.as_bytes()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Stop::ClosedPipe),
+            other => Ok(other?),
         }
+    });
+    match result {
+        Ok(_) => {}
+        Err(Stop::ClosedPipe) => return Ok(OK),
+        Err(Stop::Failed(e)) => return Err(e),
     }
-    std::io::Write::flush(&mut out).ok();
+    match out.flush() {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(OK),
+        other => other.context("writing to stdout")?,
+    }
     if !args.peek && journal.judged_to > position.offset() {
         cursor::advance(&bridge, &args.agent, &inbox, journal.judged_to)?;
     }

@@ -6,6 +6,8 @@
 
 use std::collections::HashMap;
 
+use foldhash::fast::RandomState;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -41,27 +43,47 @@ pub fn transition_allowed(from: State, side: Side, to: State) -> bool {
 
 /// The part of an accepted line the ledger keeps: what the verdict journal records so the
 /// ledger can be rebuilt without the inbox files.
+///
+/// Keys are short: the journal holds one of these per accepted message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
 pub struct Accepted {
     pub id: String,
+    #[serde(rename = "f")]
     pub from: String,
     pub to: String,
+    #[serde(rename = "k")]
     pub kind: Kind,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "re", default, skip_serializing_if = "Option::is_none")]
     pub correlates_to: Option<String>,
     /// The thread, with the defaults applied (a request's own id, a response's request's).
+    #[serde(rename = "cx")]
     pub context_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "tk", default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "s", default, skip_serializing_if = "Option::is_none")]
     pub state: Option<State>,
+    #[serde(rename = "p", default = "normal", skip_serializing_if = "is_normal")]
     pub priority: u8,
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_millis")]
+    #[serde(
+        rename = "rb",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "opt_millis"
+    )]
     pub reply_by: Option<DateTime<Utc>>,
-    #[serde(with = "chrono::serde::ts_milliseconds")]
+    #[serde(rename = "ca", with = "chrono::serde::ts_milliseconds")]
     pub created_at: DateTime<Utc>,
+    #[serde(rename = "fp")]
     pub fingerprint: u64,
+}
+
+fn normal() -> u8 {
+    1
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_normal(priority: &u8) -> bool {
+    *priority == 1
 }
 
 mod opt_millis {
@@ -175,8 +197,10 @@ struct Claim {
 /// Every accepted id and every request, fed in journal order.
 #[derive(Debug, Clone, Default)]
 pub struct Ledger {
-    claims: HashMap<Box<str>, Claim>,
-    requests: HashMap<Box<str>, Request>,
+    // foldhash: fast on short keys, and seeded per process so ids chosen by a hostile writer
+    // cannot be made to collide.
+    claims: HashMap<Box<str>, Claim, RandomState>,
+    requests: HashMap<Box<str>, Request, RandomState>,
 }
 
 impl Ledger {
@@ -385,7 +409,7 @@ impl Ledger {
     }
 
     /// Record an accepted line, seen by the judge at `seen_at`.
-    pub fn apply(&mut self, line: &Accepted, seen_at: DateTime<Utc>) {
+    pub fn apply(&mut self, line: Accepted, seen_at: DateTime<Utc>) {
         self.claims.insert(
             line.id.as_str().into(),
             Claim {
@@ -397,11 +421,11 @@ impl Ledger {
                 self.requests.insert(
                     line.id.as_str().into(),
                     Request {
-                        id: line.id.clone(),
-                        requester: line.from.clone(),
-                        addressee: line.to.clone(),
-                        context_id: line.context_id.clone(),
-                        task_id: line.task_id.clone(),
+                        id: line.id,
+                        requester: line.from,
+                        addressee: line.to,
+                        context_id: line.context_id,
+                        task_id: line.task_id,
                         state: State::Submitted,
                         priority: line.priority,
                         reply_by: line.reply_by,

@@ -123,7 +123,7 @@ impl Bridge {
         if verdict == Verdict::Accepted {
             let envelope = envelope.expect("an accepted line has an envelope");
             let accepted = self.ledger.accepted(&envelope);
-            self.ledger.apply(&accepted, self.now());
+            self.ledger.apply(accepted, self.now());
         }
         match verdict {
             Verdict::Refused(refusal) => refusal.reason.code().to_owned(),

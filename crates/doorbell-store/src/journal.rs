@@ -25,26 +25,35 @@ pub const JOURNAL_FILE: &str = "journal.jsonl";
 
 /// What a journal record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
 pub enum Word {
+    #[serde(rename = "a")]
     Accepted,
+    #[serde(rename = "d")]
     Duplicate,
+    #[serde(rename = "r")]
     Refused,
+    #[serde(rename = "m")]
     /// Not a verdict: the inbox's identity at an offset (its device, inode and marker).
     Mark,
 }
 
-/// One journal line.
+/// One journal line. Keys are short because there is one record per message; `doorbell
+/// show` and `--json` outputs spell things out for people.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
 pub struct Record {
+    #[serde(rename = "in")]
     pub inbox: String,
+    #[serde(rename = "g", default, skip_serializing_if = "is_zero")]
     pub gen: u32,
+    #[serde(rename = "o")]
     pub offset: u64,
     /// The line's length in the file, its `\n` included (0 for a mark).
+    #[serde(rename = "n", default, skip_serializing_if = "is_zero")]
     pub span: u64,
+    #[serde(rename = "v")]
     pub verdict: Word,
     /// The judge's clock, milliseconds since the epoch.
+    #[serde(rename = "t")]
     pub seen_at: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -55,7 +64,7 @@ pub struct Record {
     pub id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "a", default, skip_serializing_if = "Option::is_none")]
     pub line: Option<Accepted>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dev: Option<u64>,
@@ -65,6 +74,11 @@ pub struct Record {
     pub marker: Option<Marker>,
 }
 
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
 impl Record {
     #[must_use]
     pub fn seen_at(&self) -> DateTime<Utc> {
@@ -72,56 +86,37 @@ impl Record {
     }
 }
 
-/// The verdict of one line of an inbox generation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LineVerdict {
-    pub offset: u64,
-    pub span: u64,
-    pub verdict: Word,
-    pub seen_at: i64,
-}
-
-/// What the journal knows of one inbox: its current generation and the verdicts in it.
-#[derive(Debug, Clone)]
+/// What the journal knows of one inbox: its current generation, how far it is judged, and
+/// which lines in it were not accepted. Accepted lines are the rule, so only the exceptions
+/// are kept: memory grows with refusals, not with traffic.
+#[derive(Debug, Clone, Default)]
 pub struct InboxJournal {
     pub gen: u32,
     pub dev: u64,
     pub ino: u64,
     /// The last mark: an offset and the marker of the bytes before it.
     pub mark: Option<(u64, Marker)>,
-    /// Verdicts of the current generation, by offset.
-    pub lines: Vec<LineVerdict>,
     /// Every line before this offset has a verdict: where judging resumes.
     pub judged_to: u64,
     /// Lines past `judged_to` that already have a verdict (judged out of order): offset to
     /// span.
     pub judged_beyond: BTreeMap<u64, u64>,
-    /// Whether `lines` is in offset order; `Snapshot::settle` restores it.
-    sorted: bool,
+    /// Lines of this generation that were refused or duplicates, by offset.
+    pub not_accepted: BTreeMap<u64, Word>,
 }
 
 impl InboxJournal {
-    fn add(&mut self, verdict: LineVerdict) {
-        // Held lines are judged after later lines of their inbox: keep pushing, sort once.
-        self.sorted &= self
-            .lines
-            .last()
-            .is_none_or(|last| last.offset < verdict.offset);
-        self.lines.push(verdict);
-        if verdict.offset == self.judged_to {
-            self.judged_to += verdict.span;
+    fn add(&mut self, offset: u64, span: u64, verdict: Word) {
+        if verdict != Word::Accepted {
+            self.not_accepted.insert(offset, verdict);
+        }
+        if offset == self.judged_to {
+            self.judged_to += span;
             while let Some(span) = self.judged_beyond.remove(&self.judged_to) {
                 self.judged_to += span;
             }
-        } else if verdict.offset > self.judged_to {
-            self.judged_beyond.insert(verdict.offset, verdict.span);
-        }
-    }
-
-    fn sort(&mut self) {
-        if !self.sorted {
-            self.lines.sort_unstable_by_key(|l| l.offset);
-            self.sorted = true;
+        } else if offset > self.judged_to {
+            self.judged_beyond.insert(offset, span);
         }
     }
 
@@ -134,31 +129,10 @@ impl InboxJournal {
         };
     }
 
-    /// Accepted lines from `offset` up to `judged_to`, in file order.
-    pub fn accepted_from(&self, offset: u64) -> impl Iterator<Item = &LineVerdict> {
-        debug_assert!(
-            self.sorted,
-            "Snapshot::settle sorts verdicts before they are read"
-        );
-        let start = self.lines.partition_point(|l| l.offset < offset);
-        self.lines[start..]
-            .iter()
-            .filter(|l| l.verdict == Word::Accepted && l.offset < self.judged_to)
-    }
-}
-
-impl Default for InboxJournal {
-    fn default() -> Self {
-        Self {
-            gen: 0,
-            dev: 0,
-            ino: 0,
-            mark: None,
-            lines: Vec::new(),
-            judged_to: 0,
-            judged_beyond: BTreeMap::new(),
-            sorted: true,
-        }
+    /// Whether the judge accepted the line at `offset` (which it has judged).
+    #[must_use]
+    pub fn is_accepted(&self, offset: u64) -> bool {
+        offset < self.judged_to && !self.not_accepted.contains_key(&offset)
     }
 }
 
@@ -174,11 +148,14 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Apply one record, in journal order.
-    pub fn apply(&mut self, record: &Record) {
-        let inbox = self.inboxes.entry(record.inbox.clone()).or_default();
+    pub fn apply(&mut self, record: Record) {
+        let inbox = match self.inboxes.get_mut(&record.inbox) {
+            Some(inbox) => inbox,
+            None => self.inboxes.entry(record.inbox.clone()).or_default(),
+        };
         if record.verdict == Word::Mark {
             let (dev, ino) = (record.dev.unwrap_or(0), record.ino.unwrap_or(0));
-            if record.gen != inbox.gen || inbox.lines.is_empty() && inbox.mark.is_none() {
+            if record.gen != inbox.gen || inbox.judged_to == 0 && inbox.mark.is_none() {
                 inbox.new_generation(record.gen, dev, ino);
             }
             if let Some(marker) = record.marker {
@@ -190,16 +167,13 @@ impl Snapshot {
             // Verdicts always follow their generation's mark; a stray one is ignored.
             return;
         }
-        inbox.add(LineVerdict {
-            offset: record.offset,
-            span: record.span,
-            verdict: record.verdict,
-            seen_at: record.seen_at,
-        });
+        inbox.add(record.offset, record.span, record.verdict);
         match record.verdict {
             Word::Accepted => {
-                if let Some(line) = &record.line {
-                    self.ledger.apply(line, record.seen_at());
+                if let Some(line) = record.line {
+                    let seen_at =
+                        DateTime::from_timestamp_millis(record.seen_at).unwrap_or_default();
+                    self.ledger.apply(line, seen_at);
                 }
             }
             Word::Refused => {
@@ -208,13 +182,6 @@ impl Snapshot {
                 }
             }
             Word::Duplicate | Word::Mark => {}
-        }
-    }
-
-    /// Put every inbox's verdicts in file order, after lines were judged out of order.
-    pub fn settle(&mut self) {
-        for inbox in self.inboxes.values_mut() {
-            inbox.sort();
         }
     }
 
@@ -238,11 +205,10 @@ impl Snapshot {
             };
             let record: Record =
                 serde_json::from_slice(bytes).map_err(|e| corrupt(path, number, e.to_string()))?;
-            snapshot.apply(&record);
+            snapshot.apply(record);
             Ok(())
         })?;
         snapshot.journal_len = end;
-        snapshot.settle();
         Ok(snapshot)
     }
 }

@@ -122,7 +122,6 @@ impl Judge {
             )?;
         }
         self.journal.sync()?;
-        self.snapshot.settle();
         Ok(stats)
     }
 
@@ -256,7 +255,7 @@ impl Judge {
             marker,
         };
         self.journal.append(&record)?;
-        self.snapshot.apply(&record);
+        self.snapshot.apply(record);
         Ok(())
     }
 
@@ -304,8 +303,11 @@ impl Judge {
             .as_ref()
             .filter(|a| a.kind == Kind::Request)
             .map(|a| a.id.clone());
+        // Refused and duplicate lines keep their id and sender for notices; accepted ones
+        // carry them in `accepted`.
         let identity = envelope
             .as_ref()
+            .filter(|_| accepted.is_none())
             .map(|e| (e.id.to_string(), e.from.to_string()));
         let span = bytes.len() as u64 + 1;
         self.record(
@@ -381,7 +383,7 @@ impl Judge {
             marker: None,
         };
         self.journal.append(&record)?;
-        self.snapshot.apply(&record);
+        self.snapshot.apply(record);
         Ok(())
     }
 }
