@@ -43,15 +43,33 @@ fn responses_read_before_their_requests_are_accepted() {
     let run = bridge.doorbell(&["daemon", "--once"]);
     run.ok();
     let verdicts = bridge.verdicts();
-    assert_eq!(verdicts.len(), 151, "every line judged exactly once");
+    assert_eq!(
+        verdicts.len(),
+        152,
+        "every line judged exactly once, and the notice to zzz"
+    );
     let refused: Vec<_> = verdicts.iter().filter(|v| v.2 != "accepted").collect();
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert_eq!(refused[0].3.as_deref(), Some("unknown-request"));
     // Held lines were judged in their inbox's order: working before completed.
     assert_eq!(bridge.read_json("aaa", &[]).len(), 100);
-    // A second catch-up judges nothing again.
+    // The sender of the orphan is told, once.
+    let notices: Vec<_> = bridge
+        .read_json("zzz", &[])
+        .into_iter()
+        .filter(|m| m["envelope"]["from"] == "bridge")
+        .collect();
+    assert_eq!(notices.len(), 1);
+    let text = notices[0]["envelope"]["message"]["parts"][0]["text"]
+        .as_str()
+        .unwrap();
+    assert!(
+        text.contains("'01ORPHAN' in aaa-inbox.jsonl: unknown-request"),
+        "{text}"
+    );
+    // A second catch-up judges nothing again and tells nobody twice.
     bridge.doorbell(&["daemon", "--once"]).ok();
-    assert_eq!(bridge.verdicts().len(), 151);
+    assert_eq!(bridge.verdicts().len(), 152);
 }
 
 #[test]

@@ -168,7 +168,7 @@ impl Bridge {
     pub fn verdicts(&self) -> Vec<(String, u64, String, Option<String>)> {
         self.journal()
             .into_iter()
-            .filter(|r| r["v"] != "m")
+            .filter(|r| r["v"] != "m" && r["v"] != "i")
             .map(|r| {
                 let verdict = match r["v"].as_str().unwrap() {
                     "a" => "accepted",

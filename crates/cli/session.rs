@@ -31,6 +31,10 @@ impl Session {
     }
 }
 
+/// A command that caught up saves a checkpoint when the journal grew by more than this, so
+/// the next command need not replay it.
+const CHECKPOINT_AFTER: u64 = 4 << 20;
+
 /// What the journal says, after catching up when no other judge runs. When one does, its
 /// journal is read as it stands: a command never judges behind a judge's back.
 pub fn caught_up(bridge: &Bridge) -> anyhow::Result<Snapshot> {
@@ -40,6 +44,7 @@ pub fn caught_up(bridge: &Bridge) -> anyhow::Result<Snapshot> {
             judge
                 .catch_up(chrono::Utc::now())
                 .context("catching up with the inboxes")?;
+            judge.checkpoint_if_behind(CHECKPOINT_AFTER)?;
             Ok(judge.into_snapshot())
         }
         None => Ok(Snapshot::load(bridge)?),
@@ -62,12 +67,14 @@ pub fn daemon_once(session: &Session) -> anyhow::Result<i32> {
     let lock = BridgeLock::acquire(&bridge, "doorbell daemon --once")?;
     let mut judge = Judge::open(bridge, lock)?;
     let stats = judge.catch_up(chrono::Utc::now())?;
+    judge.checkpoint()?;
     eprintln!(
-        "judged {} lines: {} accepted, {} duplicate, {} refused",
+        "judged {} lines: {} accepted, {} duplicate, {} refused; {} notices written",
         stats.judged(),
         stats.accepted,
         stats.duplicate,
-        stats.refused
+        stats.refused,
+        stats.notices
     );
     Ok(crate::exit::OK)
 }

@@ -103,28 +103,58 @@ mod opt_millis {
     }
 }
 
-/// A request and everything the ledger knows of it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A request and everything the ledger knows of it. Saved in every checkpoint, hence the
+/// short keys and times in milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
     pub id: String,
+    #[serde(rename = "rq")]
     pub requester: String,
+    #[serde(rename = "ad")]
     pub addressee: String,
+    #[serde(rename = "cx")]
     pub context_id: String,
+    #[serde(rename = "tk", default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<String>,
+    #[serde(rename = "s")]
     pub state: State,
+    #[serde(rename = "p")]
     pub priority: u8,
+    #[serde(
+        rename = "rb",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "opt_millis"
+    )]
     pub reply_by: Option<DateTime<Utc>>,
+    #[serde(rename = "ca", with = "chrono::serde::ts_milliseconds")]
     pub created_at: DateTime<Utc>,
     /// When the judge accepted the request: the moment it was delivered.
+    #[serde(rename = "sa", with = "chrono::serde::ts_milliseconds")]
     pub seen_at: DateTime<Utc>,
     /// `t0`: when the judge saw the line that set the current state.
+    #[serde(rename = "t0", with = "chrono::serde::ts_milliseconds")]
     pub state_since: DateTime<Utc>,
     /// Counts state changes; rings are numbered within an epoch.
+    #[serde(rename = "ep")]
     pub epoch: u32,
+    #[serde(rename = "n")]
     pub responses: u32,
     /// When the addressee first answered.
+    #[serde(
+        rename = "fr",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "opt_millis"
+    )]
     pub first_response_at: Option<DateTime<Utc>>,
     /// When the request reached a terminal state.
+    #[serde(
+        rename = "cl",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "opt_millis"
+    )]
     pub closed_at: Option<DateTime<Utc>>,
 }
 
@@ -189,13 +219,14 @@ impl<'l> Debt<'l> {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
 struct Claim {
     fingerprint: u64,
 }
 
 /// Every accepted id and every request, fed in journal order.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Ledger {
     // foldhash: fast on short keys, and seeded per process so ids chosen by a hostile writer
     // cannot be made to collide.

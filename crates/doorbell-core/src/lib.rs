@@ -10,6 +10,7 @@ pub mod envelope;
 pub mod judge;
 pub mod ledger;
 pub mod name;
+pub mod notice;
 pub mod verdict;
 
 pub use envelope::{Envelope, Kind, MessageSummary, State};

@@ -105,6 +105,20 @@ impl RefusalReason {
     }
 }
 
+impl serde::Serialize for RefusalReason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.code())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for RefusalReason {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let code = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        RefusalReason::from_code(&code)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown reason code '{code}'")))
+    }
+}
+
 impl fmt::Display for RefusalReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.code())

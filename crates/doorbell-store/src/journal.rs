@@ -7,13 +7,14 @@
 //! rebuilds the ledger without the inbox files. Only the judge (the lock holder) appends;
 //! anyone may read. A torn last record is ignored by readers and cut off by the next judge.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
+use doorbell_core::notice::{refusal_key, RefusedLine};
 use doorbell_core::{Accepted, Ledger, RefusalReason};
 use serde::{Deserialize, Serialize};
 
@@ -32,9 +33,13 @@ pub enum Word {
     Duplicate,
     #[serde(rename = "r")]
     Refused,
-    #[serde(rename = "m")]
     /// Not a verdict: the inbox's identity at an offset (its device, inode and marker).
+    #[serde(rename = "m")]
     Mark,
+    /// Not a verdict: the judge is about to write a line of its own (a notice). Journaled
+    /// before the write, so a restart knows the id is the judge's and writes it at most once.
+    #[serde(rename = "i")]
+    Intent,
 }
 
 /// One journal line. Keys are short because there is one record per message; `doorbell
@@ -72,6 +77,15 @@ pub struct Record {
     pub ino: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub marker: Option<Marker>,
+    /// A refused line whose sender is a station and must hear of it.
+    #[serde(rename = "tell", default, skip_serializing_if = "std::ops::Not::not")]
+    pub tell: bool,
+    /// An intent's line, exactly as it will be written to `inbox`.
+    #[serde(rename = "w", default, skip_serializing_if = "Option::is_none")]
+    pub write: Option<String>,
+    /// The refusals an intent's notice names, as `inbox/gen/offset` keys.
+    #[serde(rename = "cv", default, skip_serializing_if = "Vec::is_empty")]
+    pub covers: Vec<String>,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
@@ -80,6 +94,30 @@ fn is_zero<T: Default + PartialEq>(value: &T) -> bool {
 }
 
 impl Record {
+    /// A record with only the common fields set.
+    #[must_use]
+    pub fn new(inbox: &str, gen: u32, offset: u64, verdict: Word, seen_at: i64) -> Record {
+        Record {
+            inbox: inbox.to_owned(),
+            gen,
+            offset,
+            span: 0,
+            verdict,
+            seen_at,
+            reason: None,
+            detail: None,
+            id: None,
+            from: None,
+            line: None,
+            dev: None,
+            ino: None,
+            marker: None,
+            tell: false,
+            write: None,
+            covers: Vec::new(),
+        }
+    }
+
     #[must_use]
     pub fn seen_at(&self) -> DateTime<Utc> {
         DateTime::from_timestamp_millis(self.seen_at).unwrap_or_default()
@@ -89,7 +127,7 @@ impl Record {
 /// What the journal knows of one inbox: its current generation, how far it is judged, and
 /// which lines in it were not accepted. Accepted lines are the rule, so only the exceptions
 /// are kept: memory grows with refusals, not with traffic.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct InboxJournal {
     pub gen: u32,
     pub dev: u64,
@@ -136,12 +174,26 @@ impl InboxJournal {
     }
 }
 
-/// Everything the journal says: the ledger and each inbox's verdicts.
-#[derive(Debug, Default)]
+/// A line the judge means to write: where, and exactly what.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intent {
+    pub inbox: String,
+    pub line: String,
+}
+
+/// Everything the journal says: the ledger, each inbox's verdicts, and the judge's own
+/// side effects. The checkpoint is this, saved.
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Snapshot {
     pub ledger: Ledger,
     pub inboxes: BTreeMap<String, InboxJournal>,
     pub refused: BTreeMap<RefusalReason, u64>,
+    /// Ids of every line the judge wrote or means to write.
+    pub own_ids: BTreeSet<String>,
+    /// Intents whose line has not been seen in its inbox yet, by id.
+    pub intents: BTreeMap<String, Intent>,
+    /// Refusals whose sender has not been told yet, by `inbox/gen/offset`.
+    pub untold: BTreeMap<String, RefusedLine>,
     /// Where the last complete record ends.
     pub journal_len: u64,
 }
@@ -163,6 +215,24 @@ impl Snapshot {
             }
             return;
         }
+        if record.verdict == Word::Intent {
+            if let (Some(id), Some(line)) = (record.id, record.write) {
+                for key in &record.covers {
+                    self.untold.remove(key);
+                }
+                if !self.ledger.is_claimed(&id) {
+                    self.intents.insert(
+                        id.clone(),
+                        Intent {
+                            inbox: record.inbox,
+                            line,
+                        },
+                    );
+                }
+                self.own_ids.insert(id);
+            }
+            return;
+        }
         if record.gen != inbox.gen {
             // Verdicts always follow their generation's mark; a stray one is ignored.
             return;
@@ -173,15 +243,36 @@ impl Snapshot {
                 if let Some(line) = record.line {
                     let seen_at =
                         DateTime::from_timestamp_millis(record.seen_at).unwrap_or_default();
+                    // The judge's own line has arrived: its intent is done.
+                    if !self.intents.is_empty() {
+                        self.intents.remove(&line.id);
+                    }
                     self.ledger.apply(line, seen_at);
                 }
             }
             Word::Refused => {
-                if let Some(reason) = record.reason.as_deref().and_then(RefusalReason::from_code) {
-                    *self.refused.entry(reason).or_default() += 1;
+                let Some(reason) = record.reason.as_deref().and_then(RefusalReason::from_code)
+                else {
+                    return;
+                };
+                *self.refused.entry(reason).or_default() += 1;
+                if let (true, Some(from)) = (record.tell, record.from) {
+                    let key = refusal_key(&record.inbox, record.gen, record.offset);
+                    self.untold.insert(
+                        key,
+                        RefusedLine {
+                            inbox: record.inbox,
+                            gen: record.gen,
+                            offset: record.offset,
+                            id: record.id,
+                            from,
+                            reason,
+                            detail: record.detail.unwrap_or_default(),
+                        },
+                    );
                 }
             }
-            Word::Duplicate | Word::Mark => {}
+            Word::Duplicate | Word::Mark | Word::Intent => {}
         }
     }
 
@@ -191,20 +282,36 @@ impl Snapshot {
     }
 
     pub fn load_path(path: &Path) -> Result<Snapshot> {
-        let mut snapshot = Snapshot::default();
+        let snapshot = crate::checkpoint::load(path)?;
+        Snapshot::replay(snapshot, path)
+    }
+
+    /// Apply the journal's records past `snapshot.journal_len`.
+    pub fn replay(snapshot: Snapshot, path: &Path) -> Result<Snapshot> {
+        Snapshot::replay_with(snapshot, path, &mut |_| {})
+    }
+
+    /// Apply the journal's records past `snapshot.journal_len`, showing each to `seen` first.
+    pub fn replay_with(
+        mut snapshot: Snapshot,
+        path: &Path,
+        seen: &mut dyn FnMut(&Record),
+    ) -> Result<Snapshot> {
         let file = match File::open(path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(snapshot),
             Err(e) => return Err(Error::io("open journal", path)(e)),
         };
+        let start = snapshot.journal_len;
         let mut number = 0u64;
-        let end = LineReader::new(1 << 26).read(&file, 0, |line| {
+        let end = LineReader::new(1 << 26).read(&file, start, |line| {
             number += 1;
             let Line::Complete { bytes, .. } = line else {
                 return Err(corrupt(path, number, "record too long".into()));
             };
             let record: Record =
                 serde_json::from_slice(bytes).map_err(|e| corrupt(path, number, e.to_string()))?;
+            seen(&record);
             snapshot.apply(record);
             Ok(())
         })?;
@@ -245,6 +352,8 @@ pub fn journal_path(bridge: &Bridge) -> PathBuf {
 pub struct JournalWriter {
     out: BufWriter<File>,
     path: PathBuf,
+    /// The journal's length once everything buffered is written.
+    len: u64,
 }
 
 impl JournalWriter {
@@ -269,15 +378,33 @@ impl JournalWriter {
         Ok(JournalWriter {
             out: BufWriter::with_capacity(1 << 20, file),
             path: path.to_path_buf(),
+            len: valid_len,
         })
     }
 
     pub fn append(&mut self, record: &Record) -> Result<()> {
-        serde_json::to_writer(&mut self.out, record)
+        let mut counted = Counted {
+            out: &mut self.out,
+            written: 0,
+        };
+        serde_json::to_writer(&mut counted, record)
             .map_err(|e| Error::io("write journal", &self.path)(e.into()))?;
-        self.out
+        counted
             .write_all(b"\n")
-            .map_err(Error::io("write journal", &self.path))
+            .map_err(Error::io("write journal", &self.path))?;
+        self.len += counted.written;
+        Ok(())
+    }
+
+    /// The journal's length once everything appended is written.
+    #[must_use]
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     pub fn flush(&mut self) -> Result<()> {
@@ -292,5 +419,23 @@ impl JournalWriter {
             .get_ref()
             .sync_data()
             .map_err(Error::io("sync journal", &self.path))
+    }
+}
+
+/// A writer that counts what passes through it.
+struct Counted<'a, W> {
+    out: &'a mut W,
+    written: u64,
+}
+
+impl<W: Write> Write for Counted<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
     }
 }

@@ -1,39 +1,87 @@
-//! The judge: whoever holds the bridge lock. It reads every inbox from where the journal says
+//! The judge: whoever holds the bridge lock. It reads inboxes from where the journal says
 //! judging stopped, judges each complete line, journals the verdict, and only then applies it
-//! to the ledger.
+//! to the ledger or acts on it.
 //!
 //! Cross-inbox order: a response can sit in one inbox before the request it answers is read
 //! from another. Such a line is held, not refused, until every inbox has been read to its
 //! end; it is judged again the moment its request is accepted, and refused as
 //! `unknown-request` only when the whole sweep found no such request.
+//!
+//! Side effects exactly once: a notice's intent (its reserved id and its exact line) is
+//! journaled before the line is written. The judge's own lines are accepted when it reads them
+//! back, which closes the intent; after a restart, only intents whose line never arrived are
+//! written, and only after every inbox was read to its end.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
-use doorbell_core::{judge_line, Kind, Limits, Refusal, RefusalReason, Registry, Verdict};
+use doorbell_core::notice::{refusal_notice, RefusedLine, MAX_PER_NOTICE};
+use doorbell_core::{
+    is_agent_name, judge_line, Accepted, Kind, Limits, Refusal, RefusalReason, Registry, Verdict,
+    BUILTIN_LOOPS,
+};
 
-use crate::append::open_inbox;
+use crate::append::{append_line, open_inbox};
 use crate::hash::Marker;
 use crate::journal::{journal_path, JournalWriter, Record, Snapshot, Word};
 use crate::reader::{Line, LineReader};
+use crate::refused::RefusedLog;
 use crate::{Bridge, BridgeLock, Error, Result};
 
-/// What one catch-up did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// At most this many inbox files are kept open (to drain a replaced file's old inode).
+const OPEN_FILES: usize = 256;
+
+/// What reached one agent's inbox in a sweep: what its hook is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Arrival {
+    pub count: u64,
+    pub last_id: String,
+    pub last_from: String,
+    pub last_kind: Kind,
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CatchUp {
     pub accepted: u64,
     pub duplicate: u64,
     pub refused: u64,
     /// Inboxes found replaced or truncated and read again from the start.
     pub new_generations: u64,
+    /// Notices written.
+    pub notices: u64,
+    /// Accepted lines per inbox.
+    pub arrivals: BTreeMap<String, Arrival>,
 }
 
 impl CatchUp {
     #[must_use]
     pub fn judged(&self) -> u64 {
         self.accepted + self.duplicate + self.refused
+    }
+
+    fn absorb(&mut self, other: CatchUp) {
+        self.accepted += other.accepted;
+        self.duplicate += other.duplicate;
+        self.refused += other.refused;
+        self.new_generations += other.new_generations;
+        self.notices += other.notices;
+        for (name, arrival) in other.arrivals {
+            match self.arrivals.get_mut(&name) {
+                Some(mine) => {
+                    mine.count += arrival.count;
+                    mine.last_id = arrival.last_id;
+                    mine.last_from = arrival.last_from;
+                    mine.last_kind = arrival.last_kind;
+                }
+                None => {
+                    self.arrivals.insert(name, arrival);
+                }
+            }
+        }
     }
 }
 
@@ -46,39 +94,64 @@ struct Held {
     bytes: Vec<u8>,
 }
 
+/// An inbox file the judge keeps open.
+#[derive(Debug)]
+struct OpenInbox {
+    file: File,
+    dev: u64,
+    ino: u64,
+    used: u64,
+}
+
 /// The bridge's judge: the lock, the journal and the state it rebuilds.
 #[derive(Debug)]
 pub struct Judge {
     bridge: Bridge,
     _lock: BridgeLock,
+    journal_path: PathBuf,
     snapshot: Snapshot,
     journal: JournalWriter,
+    refused_log: RefusedLog,
     limits: Limits,
     registry: Registry,
-    /// Ids of lines the judge wrote itself (none yet: notices and rings come with the daemon).
-    own_ids: BTreeSet<String>,
+    /// Inboxes that exist as files: the stations a notice can reach.
+    inbox_names: BTreeSet<String>,
     reader: LineReader,
+    files: HashMap<String, OpenInbox>,
+    uses: u64,
+    /// Intents written by this process and not yet read back.
+    written: HashSet<String>,
 }
 
 impl Judge {
-    /// Become the judge: replay the journal and open it for appending.
+    /// Become the judge: load the checkpoint, replay the journal's tail, open it for appending.
     pub fn open(bridge: Bridge, lock: BridgeLock) -> Result<Judge> {
-        bridge.state_dir()?;
-        let path = journal_path(&bridge);
-        let snapshot = Snapshot::load_path(&path)?;
-        let journal = JournalWriter::open(&path, snapshot.journal_len)?;
+        let state = bridge.state_dir()?;
+        let journal_path = journal_path(&bridge);
+        let mut refused_log = RefusedLog::open(&state)?;
+        let snapshot = crate::checkpoint::load(&journal_path)?;
+        let snapshot = Snapshot::replay_with(snapshot, &journal_path, &mut |record| {
+            refused_log.log(record);
+        })?;
+        refused_log.flush()?;
+        let journal = JournalWriter::open(&journal_path, snapshot.journal_len)?;
         let limits = Limits {
             max_line_bytes: bridge.max_line_bytes(),
         };
         Ok(Judge {
             reader: LineReader::new(limits.max_line_bytes),
             registry: bridge.registry()?,
+            inbox_names: bridge.inboxes()?.into_iter().collect(),
             bridge,
             _lock: lock,
+            journal_path,
             snapshot,
             journal,
+            refused_log,
             limits,
-            own_ids: BTreeSet::new(),
+            files: HashMap::new(),
+            uses: 0,
+            written: HashSet::new(),
         })
     }
 
@@ -98,14 +171,62 @@ impl Judge {
         &self.bridge
     }
 
-    /// Judge every unjudged complete line of every inbox, at the judge's time `now`.
-    pub fn catch_up(&mut self, now: DateTime<Utc>) -> Result<CatchUp> {
+    /// Use a new config (after a validated reload). Only lines judged from now on see it.
+    pub fn set_config(&mut self, config: crate::Config) -> Result<()> {
+        self.bridge.config = config;
+        self.limits = Limits {
+            max_line_bytes: self.bridge.max_line_bytes(),
+        };
+        self.reader = LineReader::new(self.limits.max_line_bytes);
+        self.refresh_registry()
+    }
+
+    fn refresh_registry(&mut self) -> Result<()> {
         self.registry = self.bridge.registry()?;
+        self.inbox_names = self.bridge.inboxes()?.into_iter().collect();
+        Ok(())
+    }
+
+    /// Judge everything waiting in every inbox, write every notice due, and judge those
+    /// notices too: what `daemon --once` does, and what a command does when no judge runs.
+    pub fn catch_up(&mut self, now: DateTime<Utc>) -> Result<CatchUp> {
+        let mut stats = self.sweep_all(now)?;
+        let targets = self.emit(now, &mut stats)?;
+        if !targets.is_empty() {
+            let again = self.sweep(&targets, now)?;
+            stats.absorb(again);
+        }
+        self.journal.sync()?;
+        self.refused_log.flush()?;
+        Ok(stats)
+    }
+
+    /// Judge every unjudged line of every inbox.
+    pub fn sweep_all(&mut self, now: DateTime<Utc>) -> Result<CatchUp> {
+        self.refresh_registry()?;
+        let names: Vec<String> = self.inbox_names.iter().cloned().collect();
+        self.sweep(&names, now)
+    }
+
+    /// Judge the unjudged lines of `names`. When a line waits for a request that is not in
+    /// the ledger, every other inbox is read to its end before the line is refused.
+    pub fn sweep(&mut self, names: &[String], now: DateTime<Utc>) -> Result<CatchUp> {
         let mut stats = CatchUp::default();
         let mut held: HashMap<String, Vec<Held>> = HashMap::new();
-        let names = self.bridge.inboxes()?;
-        for name in &names {
-            self.sweep(name, now, &mut held, &mut stats)?;
+        let mut swept = BTreeSet::new();
+        for name in names {
+            if !self.inbox_names.contains(name) {
+                self.refresh_registry()?;
+            }
+            self.sweep_one(name, now, &mut held, &mut stats)?;
+            swept.insert(name.clone());
+        }
+        if !held.is_empty() {
+            self.refresh_registry()?;
+            let others: Vec<String> = self.inbox_names.difference(&swept).cloned().collect();
+            for name in &others {
+                self.sweep_one(name, now, &mut held, &mut stats)?;
+            }
         }
         // Every inbox has been read to its end: what is still held answers no request.
         let mut rest: Vec<Held> = held.into_values().flatten().collect();
@@ -121,35 +242,212 @@ impl Judge {
                 &mut stats,
             )?;
         }
-        self.journal.sync()?;
+        self.journal.flush()?;
+        self.refused_log.flush()?;
         Ok(stats)
     }
 
+    /// Whether any refusal waits for its notice.
+    #[must_use]
+    pub fn has_untold(&self) -> bool {
+        !self.snapshot.untold.is_empty()
+    }
+
+    /// Write what is due: intents never written (after a crash) and a notice for every
+    /// refusal not yet told, coalesced per sender. Returns the inboxes written to.
+    pub fn emit(&mut self, now: DateTime<Utc>, stats: &mut CatchUp) -> Result<Vec<String>> {
+        let mut targets = BTreeSet::new();
+        let mut by_sender: BTreeMap<String, Vec<RefusedLine>> = BTreeMap::new();
+        for line in self.snapshot.untold.values() {
+            by_sender
+                .entry(line.from.clone())
+                .or_default()
+                .push(line.clone());
+        }
+        for (_, lines) in by_sender {
+            for chunk in lines.chunks(MAX_PER_NOTICE) {
+                let notice = refusal_notice(chunk, now);
+                let mut record =
+                    Record::new(&notice.to, 0, 0, Word::Intent, now.timestamp_millis());
+                record.id = Some(notice.id.clone());
+                record.write = Some(notice.line.clone());
+                record.covers = chunk.iter().map(RefusedLine::key).collect();
+                self.journal.append(&record)?;
+                self.snapshot.apply(record);
+            }
+        }
+        // The intents are in the journal before any line is written.
+        self.journal.flush()?;
+        let pending: Vec<(String, crate::journal::Intent)> = self
+            .snapshot
+            .intents
+            .iter()
+            .filter(|(id, _)| !self.written.contains(*id))
+            .map(|(id, intent)| (id.clone(), intent.clone()))
+            .collect();
+        for (id, intent) in pending {
+            let path = self.bridge.inbox_path(&intent.inbox)?;
+            match append_line(&path, intent.line.as_bytes()) {
+                Ok(_) => {
+                    self.written.insert(id);
+                    stats.notices += 1;
+                    targets.insert(intent.inbox);
+                }
+                Err(e) => {
+                    tracing::warn!(inbox = %intent.inbox, id = %id, error = %e, "could not write a notice; will try again");
+                }
+            }
+        }
+        Ok(targets.into_iter().collect())
+    }
+
+    /// Make everything judged so far durable and save a checkpoint of it.
+    pub fn checkpoint(&mut self) -> Result<()> {
+        self.journal.sync()?;
+        self.refused_log.sync()?;
+        self.snapshot.journal_len = self.journal.len();
+        crate::checkpoint::save(&self.journal_path, &self.snapshot)
+    }
+
+    /// Save a checkpoint when the journal has grown by more than `bytes` since the last one,
+    /// so that the next reader replays little.
+    pub fn checkpoint_if_behind(&mut self, bytes: u64) -> Result<()> {
+        if self.journal.len().saturating_sub(self.snapshot.journal_len) > bytes {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+
+    /// The journal's length: what a checkpoint would cover.
+    #[must_use]
+    pub fn journal_len(&self) -> u64 {
+        self.journal.len()
+    }
+
+    /// Open the inbox now at `name`'s path, draining the file the judge had open there when it
+    /// was replaced or deleted since.
+    fn current_file(
+        &mut self,
+        name: &str,
+        now: DateTime<Utc>,
+        held: &mut HashMap<String, Vec<Held>>,
+        stats: &mut CatchUp,
+    ) -> Result<Option<File>> {
+        let path = self.bridge.inbox_path(name)?;
+        let current = match open_inbox(&path, false) {
+            Ok(file) => Some(file),
+            Err(Error::NotRegularFile { path }) => {
+                tracing::warn!(path = %path.display(), "refusing an inbox that is not a regular file");
+                None
+            }
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        let identity = match &current {
+            Some(file) => {
+                let meta = file.metadata().map_err(Error::io("stat inbox", &path))?;
+                Some((meta.dev(), meta.ino()))
+            }
+            None => None,
+        };
+        if let Some(old) = self.files.get(name) {
+            if Some((old.dev, old.ino)) != identity {
+                let old = self.files.remove(name).expect("just seen");
+                self.drain(name, &old, now, held, stats)?;
+            }
+        }
+        Ok(current)
+    }
+
+    /// Read a replaced or deleted inbox's old file to its end, as its own generation.
+    fn drain(
+        &mut self,
+        name: &str,
+        old: &OpenInbox,
+        now: DateTime<Utc>,
+        held: &mut HashMap<String, Vec<Held>>,
+        stats: &mut CatchUp,
+    ) -> Result<()> {
+        let Some(journal) = self.snapshot.inboxes.get(name) else {
+            return Ok(());
+        };
+        if (journal.dev, journal.ino) != (old.dev, old.ino) {
+            return Ok(());
+        }
+        tracing::warn!(
+            inbox = name,
+            gen = journal.gen,
+            "inbox was replaced or deleted: draining the old file first"
+        );
+        let gen = journal.gen;
+        self.read_lines(name, gen, &old.file, now, held, stats)?;
+        Ok(())
+    }
+
     /// Read one inbox from where judging stopped to its end.
-    fn sweep(
+    fn sweep_one(
         &mut self,
         name: &str,
         now: DateTime<Utc>,
         held: &mut HashMap<String, Vec<Held>>,
         stats: &mut CatchUp,
     ) -> Result<()> {
-        let path = self.bridge.inbox_path(name)?;
-        let file = match open_inbox(&path, false) {
-            Ok(file) => file,
-            Err(Error::NotRegularFile { path }) => {
-                tracing::warn!(path = %path.display(), "refusing an inbox that is not a regular file");
-                return Ok(());
-            }
-            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(())
-            }
-            Err(e) => return Err(e),
+        let Some(file) = self.current_file(name, now, held, stats)? else {
+            return Ok(());
         };
         let gen = self.check_generation(name, &file, now, stats)?;
+        let end = self.read_lines(name, gen, &file, now, held, stats)?;
+        let marked = self.snapshot.inboxes[name].mark.map(|(offset, _)| offset);
+        if end > 0 && marked != Some(end) {
+            let path = self.bridge.inbox_path(name)?;
+            if let Some(marker) = Marker::of(&file, end).map_err(Error::io("read inbox", &path))? {
+                self.mark(name, gen, end, &file, Some(marker), now)?;
+            }
+        }
+        self.keep_open(name, file)?;
+        Ok(())
+    }
+
+    fn keep_open(&mut self, name: &str, file: File) -> Result<()> {
+        let meta = file.metadata().map_err(Error::io("stat inbox", name))?;
+        self.uses += 1;
+        if self.files.len() >= OPEN_FILES && !self.files.contains_key(name) {
+            if let Some(oldest) = self
+                .files
+                .iter()
+                .min_by_key(|(_, f)| f.used)
+                .map(|(n, _)| n.clone())
+            {
+                self.files.remove(&oldest);
+            }
+        }
+        self.files.insert(
+            name.to_owned(),
+            OpenInbox {
+                file,
+                dev: meta.dev(),
+                ino: meta.ino(),
+                used: self.uses,
+            },
+        );
+        Ok(())
+    }
+
+    /// Judge the complete lines of `file` from where judging stopped in generation `gen`.
+    /// Returns where the last complete line ends.
+    fn read_lines(
+        &mut self,
+        name: &str,
+        gen: u32,
+        file: &File,
+        now: DateTime<Utc>,
+        held: &mut HashMap<String, Vec<Held>>,
+        stats: &mut CatchUp,
+    ) -> Result<u64> {
         let start = self.snapshot.inboxes[name].judged_to;
         let beyond = self.snapshot.inboxes[name].judged_beyond.clone();
         let mut reader = std::mem::replace(&mut self.reader, LineReader::new(0));
-        let result = reader.read(&file, start, |line| {
+        let result = reader.read(file, start, |line| {
             if beyond.contains_key(&line.offset()) {
                 return Ok(());
             }
@@ -177,14 +475,7 @@ impl Judge {
             }
         });
         self.reader = reader;
-        let end = result?;
-        let marked = self.snapshot.inboxes[name].mark.map(|(offset, _)| offset);
-        if end > 0 && marked != Some(end) {
-            if let Some(marker) = Marker::of(&file, end).map_err(Error::io("read inbox", &path))? {
-                self.mark(name, gen, end, &file, Some(marker), now)?;
-            }
-        }
-        Ok(())
+        result
     }
 
     /// Make sure the journal's view of the inbox belongs to this very file; start a new
@@ -238,29 +529,17 @@ impl Judge {
         now: DateTime<Utc>,
     ) -> Result<()> {
         let meta = file.metadata().map_err(Error::io("stat inbox", name))?;
-        let record = Record {
-            inbox: name.to_owned(),
-            gen,
-            offset,
-            span: 0,
-            verdict: Word::Mark,
-            seen_at: now.timestamp_millis(),
-            reason: None,
-            detail: None,
-            id: None,
-            from: None,
-            line: None,
-            dev: Some(meta.dev()),
-            ino: Some(meta.ino()),
-            marker,
-        };
+        let mut record = Record::new(name, gen, offset, Word::Mark, now.timestamp_millis());
+        record.dev = Some(meta.dev());
+        record.ino = Some(meta.ino());
+        record.marker = marker;
         self.journal.append(&record)?;
         self.snapshot.apply(record);
         Ok(())
     }
 
     /// Judge one complete line; `held` is where a line waiting for its request goes while
-    /// the sweep is still running (`None` once every inbox was read).
+    /// inboxes are still being read (`None` once every inbox was read).
     #[allow(clippy::too_many_arguments)]
     fn judge_complete(
         &mut self,
@@ -272,7 +551,8 @@ impl Judge {
         mut held: Option<&mut HashMap<String, Vec<Held>>>,
         stats: &mut CatchUp,
     ) -> Result<()> {
-        let own = |id: &str| self.own_ids.contains(id);
+        let own_ids = &self.snapshot.own_ids;
+        let own = |id: &str| own_ids.contains(id);
         let (verdict, envelope) = judge_line(
             bytes,
             name,
@@ -305,14 +585,33 @@ impl Judge {
             .map(|a| a.id.clone());
         // Refused and duplicate lines keep their id and sender for notices; accepted ones
         // carry them in `accepted`.
-        let identity = envelope
-            .as_ref()
-            .filter(|_| accepted.is_none())
-            .map(|e| (e.id.to_string(), e.from.to_string()));
+        let identity = match (&accepted, &envelope) {
+            (Some(_), _) => None,
+            (None, Some(e)) => Some((Some(e.id.to_string()), Some(e.from.to_string()))),
+            (None, None) => Some(identity_of(bytes)),
+        };
         let span = bytes.len() as u64 + 1;
+        let arrival = accepted
+            .as_ref()
+            .map(|a| (a.id.clone(), a.from.clone(), a.kind));
         self.record(
             name, gen, offset, span, &verdict, identity, accepted, now, stats,
         )?;
+        if let Some((id, from, kind)) = arrival {
+            let entry = stats
+                .arrivals
+                .entry(name.to_owned())
+                .or_insert_with(|| Arrival {
+                    count: 0,
+                    last_id: String::new(),
+                    last_from: String::new(),
+                    last_kind: kind,
+                });
+            entry.count += 1;
+            entry.last_id = id;
+            entry.last_from = from;
+            entry.last_kind = kind;
+        }
         // Lines that were waiting for this request can be judged now.
         if let (Some(id), Some(held)) = (new_request, held) {
             for line in held.remove(&id).unwrap_or_default() {
@@ -338,52 +637,63 @@ impl Judge {
         offset: u64,
         span: u64,
         verdict: &Verdict,
-        identity: Option<(String, String)>,
-        accepted: Option<doorbell_core::Accepted>,
+        identity: Option<(Option<String>, Option<String>)>,
+        accepted: Option<Accepted>,
         now: DateTime<Utc>,
         stats: &mut CatchUp,
     ) -> Result<()> {
-        let (word, reason, detail) = match verdict {
-            Verdict::Accepted => {
-                stats.accepted += 1;
-                (Word::Accepted, None, None)
-            }
-            Verdict::Duplicate => {
-                stats.duplicate += 1;
-                (Word::Duplicate, None, None)
-            }
+        let seen_at = now.timestamp_millis();
+        let word = match verdict {
+            Verdict::Accepted => Word::Accepted,
+            Verdict::Duplicate => Word::Duplicate,
+            Verdict::Refused(_) => Word::Refused,
+        };
+        let mut record = Record::new(name, gen, offset, word, seen_at);
+        record.span = span;
+        match verdict {
+            Verdict::Accepted => stats.accepted += 1,
+            Verdict::Duplicate => stats.duplicate += 1,
             Verdict::Refused(refusal) => {
                 stats.refused += 1;
-                (
-                    Word::Refused,
-                    Some(refusal.reason.code().to_owned()),
-                    Some(refusal.detail.clone()),
-                )
+                record.reason = Some(refusal.reason.code().to_owned());
+                record.detail = Some(refusal.detail.clone());
             }
-        };
-        let (id, from) = match (&accepted, identity) {
-            (None, Some((id, from))) => (Some(id), Some(from)),
-            _ => (None, None),
-        };
-        let line = accepted;
-        let record = Record {
-            inbox: name.to_owned(),
-            gen,
-            offset,
-            span,
-            verdict: word,
-            seen_at: now.timestamp_millis(),
-            reason,
-            detail,
-            id,
-            from,
-            line,
-            dev: None,
-            ino: None,
-            marker: None,
-        };
+        }
+        if let Some((id, from)) = identity {
+            record.tell = word == Word::Refused
+                && from
+                    .as_deref()
+                    .is_some_and(|f| self.inbox_names.contains(f) && !BUILTIN_LOOPS.contains(&f));
+            record.id = id;
+            record.from = from;
+        }
+        record.line = accepted;
         self.journal.append(&record)?;
+        self.refused_log.log(&record);
         self.snapshot.apply(record);
         Ok(())
     }
+}
+
+/// The id and sender a line claims, read as leniently as possible, for telling the sender
+/// about a line that could not be judged as an envelope.
+fn identity_of(bytes: &[u8]) -> (Option<String>, Option<String>) {
+    #[derive(serde::Deserialize)]
+    struct Claimed {
+        id: Option<serde_json::Value>,
+        from: Option<serde_json::Value>,
+    }
+    let Ok(claimed) = serde_json::from_slice::<Claimed>(bytes.strip_suffix(b"\r").unwrap_or(bytes))
+    else {
+        return (None, None);
+    };
+    let id = claimed
+        .id
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .filter(|id| doorbell_core::is_id(id));
+    let from = claimed
+        .from
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .filter(|f| is_agent_name(f));
+    (id, from)
 }

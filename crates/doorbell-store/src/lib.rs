@@ -9,6 +9,7 @@
 pub mod append;
 pub mod atomic;
 pub mod bridge;
+pub mod checkpoint;
 pub mod config;
 pub mod cursor;
 mod error;
@@ -17,6 +18,7 @@ pub mod journal;
 pub mod judge;
 pub mod lock;
 pub mod reader;
+pub mod refused;
 
 pub use bridge::Bridge;
 pub use config::Config;

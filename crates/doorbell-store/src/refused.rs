@@ -1,0 +1,121 @@
+//! `.doorbell/refused.jsonl`: every refused line, one record each, for people and tools.
+//! Keyed by inbox, generation and offset: the journal is the truth, and writing a refusal
+//! that is already here (after a crash between the two) adds nothing.
+
+use std::collections::HashSet;
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use doorbell_core::notice::refusal_key;
+use serde::{Deserialize, Serialize};
+
+use crate::journal::{Record, Word};
+use crate::reader::{Line, LineReader};
+use crate::{Error, Result};
+
+pub const REFUSED_FILE: &str = "refused.jsonl";
+
+/// One refused line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RefusedRecord {
+    pub inbox: String,
+    pub generation: u32,
+    pub offset: u64,
+    pub reason: String,
+    pub detail: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// The judge's clock, milliseconds since the epoch.
+    pub seen_at: i64,
+}
+
+/// The refused log's appender, which knows every key already in it.
+#[derive(Debug)]
+pub struct RefusedLog {
+    out: BufWriter<File>,
+    path: PathBuf,
+    keys: HashSet<String>,
+}
+
+impl RefusedLog {
+    /// Open the log in the judge's folder, reading the keys it holds and cutting off a torn
+    /// last record.
+    pub fn open(state_dir: &Path) -> Result<RefusedLog> {
+        let path = state_dir.join(REFUSED_FILE);
+        let file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(Error::io("open refused log", &path))?;
+        let mut keys = HashSet::new();
+        let end = LineReader::new(1 << 24).read(&file, 0, |line| -> Result<()> {
+            if let Line::Complete { bytes, .. } = line {
+                if let Ok(record) = serde_json::from_slice::<RefusedRecord>(bytes) {
+                    keys.insert(refusal_key(&record.inbox, record.generation, record.offset));
+                }
+            }
+            Ok(())
+        })?;
+        let len = file
+            .metadata()
+            .map_err(Error::io("stat refused log", &path))?
+            .len();
+        if len > end {
+            file.set_len(end)
+                .map_err(Error::io("repair refused log", &path))?;
+        }
+        Ok(RefusedLog {
+            out: BufWriter::new(file),
+            path,
+            keys,
+        })
+    }
+
+    /// Record a journaled refusal unless it is already here; other records are ignored.
+    pub fn log(&mut self, record: &Record) {
+        if record.verdict != Word::Refused {
+            return;
+        }
+        let key = refusal_key(&record.inbox, record.gen, record.offset);
+        if !self.keys.insert(key) {
+            return;
+        }
+        let entry = RefusedRecord {
+            inbox: record.inbox.clone(),
+            generation: record.gen,
+            offset: record.offset,
+            reason: record.reason.clone().unwrap_or_default(),
+            detail: record.detail.clone().unwrap_or_default(),
+            id: record.id.clone(),
+            from: record.from.clone(),
+            seen_at: record.seen_at,
+        };
+        let mut line = serde_json::to_vec(&entry).expect("a refused record always serialises");
+        line.push(b'\n');
+        if let Err(e) = self.out.write_all(&line) {
+            tracing::error!(path = %self.path.display(), error = %e, "could not write the refused log");
+        }
+    }
+
+    pub fn flush(&mut self) -> Result<()> {
+        self.out
+            .flush()
+            .map_err(Error::io("write refused log", &self.path))
+    }
+
+    pub fn sync(&mut self) -> Result<()> {
+        self.flush()?;
+        self.out
+            .get_ref()
+            .sync_data()
+            .map_err(Error::io("sync refused log", &self.path))
+    }
+}
