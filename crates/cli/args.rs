@@ -30,7 +30,7 @@ pub enum Command {
     Read(ReadArgs),
     /// Apply the stateless rules to every line of inbox files, offline
     Check(CheckArgs),
-    /// Judge every unjudged line of every inbox
+    /// Run the judge in the foreground: tail every inbox, judge, notify (systemd runs this)
     Daemon(DaemonArgs),
     /// Create and list stations
     #[command(subcommand)]
@@ -106,8 +106,8 @@ pub struct CheckArgs {
 
 #[derive(Debug, Args)]
 pub struct DaemonArgs {
-    /// Judge everything waiting, then exit
-    #[arg(long, required = true)]
+    /// Judge everything waiting, write what is due, then exit
+    #[arg(long)]
     pub once: bool,
 }
 
@@ -133,7 +133,8 @@ impl Cli {
             Command::Send(args) => crate::send::run(&session, &args),
             Command::Read(args) => crate::read::run(&session, &args),
             Command::Check(args) => crate::check::run(&session, &args),
-            Command::Daemon(_) => crate::session::daemon_once(&session),
+            Command::Daemon(args) if args.once => crate::session::daemon_once(&session),
+            Command::Daemon(_) => crate::daemon::run(&session, self.config.as_deref()),
             Command::Agent(AgentCommand::Add { name }) => crate::agent::add(&session, &name),
             Command::Agent(AgentCommand::List { json }) => crate::agent::list(&session, json),
         }

@@ -4,6 +4,7 @@
 mod agent;
 mod args;
 mod check;
+mod daemon;
 mod exit;
 mod output;
 mod read;

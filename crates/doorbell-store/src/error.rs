@@ -35,6 +35,8 @@ pub enum Error {
         line: u64,
         message: String,
     },
+    #[error("interrupted: the judge is stopping")]
+    Interrupted,
     #[error("cursor {path}: {message}")]
     Cursor { path: PathBuf, message: String },
 }

@@ -16,6 +16,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use doorbell_core::notice::{refusal_notice, RefusedLine, MAX_PER_NOTICE};
@@ -121,6 +123,8 @@ pub struct Judge {
     uses: u64,
     /// Intents written by this process and not yet read back.
     written: HashSet<String>,
+    /// Set from another thread to stop a long sweep at the next line.
+    interrupt: Arc<AtomicBool>,
 }
 
 impl Judge {
@@ -152,7 +156,15 @@ impl Judge {
             files: HashMap::new(),
             uses: 0,
             written: HashSet::new(),
+            interrupt: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// A flag that, once set, makes the current and every later sweep stop at the next line
+    /// with `Error::Interrupted`. Everything journaled until then stays valid.
+    #[must_use]
+    pub fn interrupt_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.interrupt)
     }
 
     #[must_use]
@@ -447,7 +459,11 @@ impl Judge {
         let start = self.snapshot.inboxes[name].judged_to;
         let beyond = self.snapshot.inboxes[name].judged_beyond.clone();
         let mut reader = std::mem::replace(&mut self.reader, LineReader::new(0));
+        let interrupt = Arc::clone(&self.interrupt);
         let result = reader.read(file, start, |line| {
+            if interrupt.load(Ordering::Relaxed) {
+                return Err(Error::Interrupted);
+            }
             if beyond.contains_key(&line.offset()) {
                 return Ok(());
             }

@@ -1,0 +1,50 @@
+//! `doorbell daemon`: become the bridge's judge and run until SIGTERM or SIGINT.
+
+use std::path::Path;
+
+use doorbell_store::BridgeLock;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::exit::OK;
+use crate::session::Session;
+
+pub fn run(session: &Session, config_path: Option<&Path>) -> anyhow::Result<i32> {
+    let bridge = session.bridge()?;
+    let lock = BridgeLock::acquire(&bridge, "doorbell daemon")?;
+    if !bridge.inboxes()?.contains(&session.config.human) {
+        tracing::warn!(
+            human = %session.config.human,
+            "the human station has no inbox: escalations and reports have nowhere to go (doorbell agent add {})",
+            session.config.human
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut terminate = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let shutdown = async move {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+        };
+        let options = doorbell_daemon::Options {
+            bridge,
+            lock,
+            config_path: config_path.map(Path::to_path_buf),
+        };
+        let ready = |ready: &doorbell_daemon::Ready| {
+            eprintln!(
+                "doorbell: judging {} ({} inboxes; {} lines caught up)",
+                ready.dir.display(),
+                ready.inboxes,
+                ready.judged
+            );
+        };
+        doorbell_daemon::run(options, ready, shutdown).await?;
+        anyhow::Ok(())
+    })?;
+    Ok(OK)
+}

@@ -1,0 +1,109 @@
+//! The long-running judge. One `notify` watch on the bridge folder turns file events into
+//! hints; a dedicated judging thread reads the hinted inboxes to their end (reading to EOF is
+//! the truth, events are only hints), writes notices after a short coalescing window, and
+//! saves checkpoints off the hot path. Hooks run on tokio tasks, one per agent.
+//!
+//! It never polls: when nothing is written, every thread is blocked on a channel or a timer
+//! that is due.
+
+mod hooks;
+mod judging;
+mod watcher;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use doorbell_store::{Bridge, BridgeLock, Config, Judge};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+
+pub use judging::Input;
+
+/// What can stop the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] doorbell_store::Error),
+    #[error("watching {dir}: {source}")]
+    Watch {
+        dir: PathBuf,
+        #[source]
+        source: notify::Error,
+    },
+    #[error("setting up signals: {0}")]
+    Signals(#[source] std::io::Error),
+    #[error("the judging thread stopped unexpectedly")]
+    JudgeGone,
+}
+
+/// What the daemon needs to start.
+#[derive(Debug)]
+pub struct Options {
+    pub bridge: Bridge,
+    pub lock: BridgeLock,
+    /// The config file to read again on SIGHUP (`None`: the default path).
+    pub config_path: Option<PathBuf>,
+}
+
+/// What the daemon found when it became ready.
+#[derive(Debug, Clone)]
+pub struct Ready {
+    pub dir: PathBuf,
+    pub inboxes: usize,
+    pub judged: u64,
+}
+
+/// Run the judge until `shutdown` completes. `ready` is called once the startup catch-up is
+/// done and every later write will be seen. SIGHUP reloads the config (validated first).
+pub async fn run(
+    options: Options,
+    ready: impl FnOnce(&Ready) + Send + 'static,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    let dir = options.bridge.dir().to_path_buf();
+    let (inputs, receiver) = std::sync::mpsc::channel();
+    // The watch exists before the first sweep, so an inbox created in between is seen.
+    let _watcher = watcher::watch(&dir, inputs.clone())?;
+    let judge = Judge::open(options.bridge.clone(), options.lock)?;
+    let interrupt = judge.interrupt_flag();
+    let (arrivals_tx, mut arrivals_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (config_tx, config_rx) =
+        tokio::sync::watch::channel(Arc::new(options.bridge.config.clone()));
+    let judging =
+        tokio::task::spawn_blocking(move || judging::run(judge, &receiver, &arrivals_tx, ready));
+    let cancel = CancellationToken::new();
+    let mut hooks = hooks::Hooks::new(config_rx, cancel.clone());
+    let mut hangup = signal(SignalKind::hangup()).map_err(Error::Signals)?;
+    tokio::pin!(shutdown);
+    tokio::pin!(judging);
+    let outcome = loop {
+        tokio::select! {
+            () = &mut shutdown => {
+                tracing::info!("stopping");
+                interrupt.store(true, Ordering::Relaxed);
+                let _ = inputs.send(Input::Stop);
+                break (&mut judging).await;
+            }
+            result = &mut judging => break result,
+            Some(()) = hangup.recv() => {
+                match Config::load(options.config_path.as_deref()) {
+                    Ok(config) => {
+                        tracing::info!(path = ?config.path, "config reloaded");
+                        let _ = config_tx.send(Arc::new(config.clone()));
+                        let _ = inputs.send(Input::Reload(config));
+                    }
+                    Err(e) => tracing::error!(error = %e, "config not reloaded; keeping the old one"),
+                }
+            }
+            Some((agent, arrival)) = arrivals_rx.recv() => hooks.deliver(&agent, arrival),
+        }
+    };
+    cancel.cancel();
+    hooks.stop().await;
+    match outcome {
+        Ok(result) => result.map_err(Error::from),
+        Err(_) => Err(Error::JudgeGone),
+    }
+}
