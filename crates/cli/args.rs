@@ -28,6 +28,12 @@ pub enum Command {
     Send(Box<SendArgs>),
     /// Show accepted messages past an agent's cursor, then move the cursor
     Read(ReadArgs),
+    /// Print an agent's backlog, then each new accepted message as it is judged
+    Watch(WatchArgs),
+    /// Block until a request is answered (terminal or input-required)
+    Wait(WaitArgs),
+    /// Per agent: unread, owes, is owed, last activity; the judge; refusals; warnings
+    Status(StatusArgs),
     /// Apply the stateless rules to every line of inbox files, offline
     Check(CheckArgs),
     /// Run the judge in the foreground: tail every inbox, judge, notify (systemd runs this)
@@ -93,6 +99,37 @@ pub struct ReadArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// Whose inbox
+    pub agent: String,
+    /// One JSON line per message
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// The request to wait for
+    pub id: String,
+    /// Give up after this long (exit 124)
+    #[arg(long, default_value = "60s", value_name = "DURATION")]
+    pub timeout: String,
+    /// Return at the first response, whatever its state
+    #[arg(long)]
+    pub any: bool,
+    /// One JSON document
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// One JSON document
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct CheckArgs {
     /// Inbox files (default: every inbox of the bridge)
     pub files: Vec<PathBuf>,
@@ -133,6 +170,9 @@ impl Cli {
             Command::Send(args) => crate::send::run(&session, &args),
             Command::Read(args) => crate::read::run(&session, &args),
             Command::Check(args) => crate::check::run(&session, &args),
+            Command::Watch(args) => crate::watch::run(&session, &args),
+            Command::Wait(args) => crate::wait::run(&session, &args),
+            Command::Status(args) => crate::status::run(&session, &args),
             Command::Daemon(args) if args.once => crate::session::daemon_once(&session),
             Command::Daemon(_) => crate::daemon::run(&session, self.config.as_deref()),
             Command::Agent(AgentCommand::Add { name }) => crate::agent::add(&session, &name),

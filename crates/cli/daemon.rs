@@ -8,9 +8,32 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::exit::OK;
 use crate::session::Session;
 
+/// Take the bridge lock for good. A command holds it only while it catches up, so give it a
+/// moment; another daemon is refused at once (exit 3, naming it).
+fn acquire(bridge: &doorbell_store::Bridge) -> anyhow::Result<BridgeLock> {
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(lock) = BridgeLock::try_acquire(bridge, ROLE)? {
+            return Ok(lock);
+        }
+        let holder = doorbell_store::lock::holder(bridge);
+        if holder.ends_with(&format!("({ROLE})")) || std::time::Instant::now() > patience {
+            return Err(doorbell_store::Error::Locked {
+                dir: bridge.dir().to_path_buf(),
+                holder,
+            }
+            .into());
+        }
+        // Pacing a retry against a short-lived holder, not waiting for a result.
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+}
+
+const ROLE: &str = "doorbell daemon";
+
 pub fn run(session: &Session, config_path: Option<&Path>) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
-    let lock = BridgeLock::acquire(&bridge, "doorbell daemon")?;
+    let lock = acquire(&bridge)?;
     if !bridge.inboxes()?.contains(&session.config.human) {
         tracing::warn!(
             human = %session.config.human,

@@ -5,11 +5,15 @@ mod agent;
 mod args;
 mod check;
 mod daemon;
+mod events;
 mod exit;
 mod output;
 mod read;
 mod send;
 mod session;
+mod status;
+mod wait;
+mod watch;
 
 fn main() {
     let args = <args::Cli as clap::Parser>::parse();

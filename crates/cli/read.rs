@@ -1,15 +1,19 @@
 //! `doorbell read`: the accepted messages past an agent's cursor, then the cursor moves to
 //! where judging stopped. It never shows a line the journal has not accepted, never a partial
-//! line, and never moves the cursor past a line the judge has not judged.
+//! line, and never moves the cursor past a line the judge has not judged. `watch` prints
+//! through the same function.
 
+use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
 use anyhow::Context;
 use chrono::Utc;
 use doorbell_core::{judge_stateless, Limits};
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor::{self, Position};
+use doorbell_store::journal::InboxJournal;
 use doorbell_store::reader::{Line, LineReader};
 use serde_json::value::RawValue;
 
@@ -18,7 +22,8 @@ use crate::exit::OK;
 use crate::output;
 use crate::session::{caught_up, Session};
 
-/// One message of `read --json`: where it is, its verdict, and the envelope exactly as written.
+/// One message of `--json` output: where it is, its verdict, and the envelope exactly as
+/// written.
 #[derive(serde::Serialize)]
 pub struct JsonMessage<'a> {
     pub inbox: &'a str,
@@ -27,9 +32,15 @@ pub struct JsonMessage<'a> {
     pub envelope: &'a RawValue,
 }
 
-/// Why reading stopped early.
+/// How printing ended.
+pub enum Printed {
+    /// Everything accepted up to this offset was written and flushed.
+    Upto(u64),
+    /// The reader of our output went away.
+    ClosedPipe,
+}
+
 enum Stop {
-    /// The reader of our output went away: stop quietly.
     ClosedPipe,
     Failed(anyhow::Error),
 }
@@ -40,39 +51,39 @@ impl From<std::io::Error> for Stop {
     }
 }
 
-pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
-    let bridge = session.bridge()?;
-    let path = bridge.require_inbox(&args.agent)?;
-    let snapshot = caught_up(&bridge)?;
-    let inbox = open_inbox(&path, false)?;
-    let meta = inbox.metadata().context("stat inbox")?;
-    let position = cursor::load(&bridge, &args.agent, &inbox)?;
-    if let Position::Replaced { stale_offset } = position {
-        eprintln!(
-            "doorbell: {}'s inbox was replaced or truncated since the cursor was saved (at byte {stale_offset}); reading it from the start",
-            args.agent
-        );
-    }
-    let Some(journal) = snapshot
-        .inboxes
-        .get(&args.agent)
-        .filter(|j| j.dev == meta.dev() && j.ino == meta.ino())
-    else {
-        // The judge has not seen this file yet: nothing in it is accepted.
-        return Ok(OK);
-    };
-    let from = if args.all { 0 } else { position.offset() };
+/// An agent's open inbox file.
+pub struct Inbox<'a> {
+    pub agent: &'a str,
+    pub path: &'a Path,
+    pub file: &'a File,
+    pub max_line_bytes: usize,
+}
+
+/// Print the accepted lines of `inbox` (which `journal` describes) from `from` up to where
+/// judging stopped.
+pub fn print_accepted(
+    inbox: &Inbox<'_>,
+    journal: &InboxJournal,
+    from: u64,
+    json: bool,
+    out: &mut impl Write,
+) -> anyhow::Result<Printed> {
+    let Inbox {
+        agent,
+        path,
+        file,
+        max_line_bytes,
+    } = *inbox;
     let limits = Limits {
         max_line_bytes: usize::MAX,
     };
     let now = Utc::now();
-    let mut out = std::io::stdout().lock();
-    let mut reader = LineReader::new(bridge.max_line_bytes());
-    let result = reader.read(&inbox, from, |line| -> Result<(), Stop> {
+    let mut reader = LineReader::new(max_line_bytes);
+    let result = reader.read(file, from, |line| -> Result<(), Stop> {
         let Line::Complete { offset, bytes } = line else {
             return Ok(());
         };
-        if offset >= journal.judged_to || !journal.is_accepted(offset) {
+        if !journal.is_accepted(offset) {
             return Ok(());
         }
         let Ok(envelope) = judge_stateless(bytes, None, &limits) else {
@@ -82,11 +93,11 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
                 path.display()
             )));
         };
-        let text = if args.json {
+        let text = if json {
             let raw: &RawValue = serde_json::from_slice(bytes.strip_suffix(b"\r").unwrap_or(bytes))
                 .map_err(|e| Stop::Failed(e.into()))?;
             let record = JsonMessage {
-                inbox: &args.agent,
+                inbox: agent,
                 offset,
                 verdict: "accepted",
                 envelope: raw,
@@ -105,15 +116,54 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
     });
     match result {
         Ok(_) => {}
-        Err(Stop::ClosedPipe) => return Ok(OK),
+        Err(Stop::ClosedPipe) => return Ok(Printed::ClosedPipe),
         Err(Stop::Failed(e)) => return Err(e),
     }
     match out.flush() {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(OK),
-        other => other.context("writing to stdout")?,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(Printed::ClosedPipe),
+        Err(e) => Err(e).context("writing to stdout"),
+        Ok(()) => Ok(Printed::Upto(journal.judged_to.max(from))),
     }
-    if !args.peek && journal.judged_to > position.offset() {
-        cursor::advance(&bridge, &args.agent, &inbox, journal.judged_to)?;
+}
+
+pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
+    let bridge = session.bridge()?;
+    let path = bridge.require_inbox(&args.agent)?;
+    let snapshot = caught_up(&bridge)?;
+    let inbox = open_inbox(&path, false)?;
+    let meta = inbox.metadata().context("stat inbox")?;
+    let position = cursor::load(&bridge, &args.agent, &inbox)?;
+    warn_replaced(&args.agent, position);
+    let Some(journal) = snapshot
+        .inboxes
+        .get(&args.agent)
+        .filter(|j| j.dev == meta.dev() && j.ino == meta.ino())
+    else {
+        // The judge has not seen this file yet: nothing in it is accepted.
+        return Ok(OK);
+    };
+    let from = if args.all { 0 } else { position.offset() };
+    let mut out = std::io::stdout().lock();
+    let reading = Inbox {
+        agent: &args.agent,
+        path: &path,
+        file: &inbox,
+        max_line_bytes: bridge.max_line_bytes(),
+    };
+    let printed = print_accepted(&reading, journal, from, args.json, &mut out)?;
+    if let (Printed::Upto(to), false) = (printed, args.peek) {
+        if to > position.offset() {
+            cursor::advance(&bridge, &args.agent, &inbox, to)?;
+        }
     }
     Ok(OK)
+}
+
+/// Say so when a cursor was not trusted.
+pub fn warn_replaced(agent: &str, position: Position) {
+    if let Position::Replaced { stale_offset } = position {
+        eprintln!(
+            "doorbell: {agent}'s inbox was replaced or truncated since the cursor was saved (at byte {stale_offset}); reading it from the start"
+        );
+    }
 }

@@ -141,6 +141,9 @@ pub struct InboxJournal {
     pub judged_beyond: BTreeMap<u64, u64>,
     /// Lines of this generation that were refused or duplicates, by offset.
     pub not_accepted: BTreeMap<u64, Word>,
+    /// When the judge last accepted a line here (milliseconds since the epoch).
+    #[serde(default)]
+    pub last_accepted_at: i64,
 }
 
 impl InboxJournal {
@@ -163,8 +166,36 @@ impl InboxJournal {
             gen,
             dev,
             ino,
+            last_accepted_at: self.last_accepted_at,
             ..InboxJournal::default()
         };
+    }
+
+    /// Apply a mark or a verdict about this inbox. Returns whether it was a verdict of the
+    /// current generation (a mark, or a stray verdict of another generation, is not).
+    pub fn apply(&mut self, record: &Record) -> bool {
+        match record.verdict {
+            Word::Mark => {
+                let (dev, ino) = (record.dev.unwrap_or(0), record.ino.unwrap_or(0));
+                if record.gen != self.gen || self.judged_to == 0 && self.mark.is_none() {
+                    self.new_generation(record.gen, dev, ino);
+                }
+                if let Some(marker) = record.marker {
+                    self.mark = Some((record.offset, marker));
+                }
+                false
+            }
+            Word::Intent => false,
+            // Verdicts always follow their generation's mark; a stray one is ignored.
+            _ if record.gen != self.gen => false,
+            verdict => {
+                if verdict == Word::Accepted {
+                    self.last_accepted_at = record.seen_at;
+                }
+                self.add(record.offset, record.span, verdict);
+                true
+            }
+        }
     }
 
     /// Whether the judge accepted the line at `offset` (which it has judged).
@@ -201,20 +232,6 @@ pub struct Snapshot {
 impl Snapshot {
     /// Apply one record, in journal order.
     pub fn apply(&mut self, record: Record) {
-        let inbox = match self.inboxes.get_mut(&record.inbox) {
-            Some(inbox) => inbox,
-            None => self.inboxes.entry(record.inbox.clone()).or_default(),
-        };
-        if record.verdict == Word::Mark {
-            let (dev, ino) = (record.dev.unwrap_or(0), record.ino.unwrap_or(0));
-            if record.gen != inbox.gen || inbox.judged_to == 0 && inbox.mark.is_none() {
-                inbox.new_generation(record.gen, dev, ino);
-            }
-            if let Some(marker) = record.marker {
-                inbox.mark = Some((record.offset, marker));
-            }
-            return;
-        }
         if record.verdict == Word::Intent {
             if let (Some(id), Some(line)) = (record.id, record.write) {
                 for key in &record.covers {
@@ -233,11 +250,13 @@ impl Snapshot {
             }
             return;
         }
-        if record.gen != inbox.gen {
-            // Verdicts always follow their generation's mark; a stray one is ignored.
+        let inbox = match self.inboxes.get_mut(&record.inbox) {
+            Some(inbox) => inbox,
+            None => self.inboxes.entry(record.inbox.clone()).or_default(),
+        };
+        if !inbox.apply(&record) {
             return;
         }
-        inbox.add(record.offset, record.span, record.verdict);
         match record.verdict {
             Word::Accepted => {
                 if let Some(line) = record.line {
@@ -437,5 +456,45 @@ impl<W: Write> Write for Counted<'_, W> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         self.out.flush()
+    }
+}
+
+/// Reads the records a judge appends, as it appends them. A reader that is not the judge
+/// keeps its own view up to date this way instead of replaying the journal.
+#[derive(Debug)]
+pub struct JournalFollower {
+    path: PathBuf,
+    pos: u64,
+    reader: LineReader,
+}
+
+impl JournalFollower {
+    /// Follow the journal from `pos` (the end of a complete record).
+    #[must_use]
+    pub fn new(path: PathBuf, pos: u64) -> JournalFollower {
+        JournalFollower {
+            path,
+            pos,
+            reader: LineReader::new(1 << 26),
+        }
+    }
+
+    /// Every complete record appended since the last call.
+    pub fn read(&mut self, each: &mut dyn FnMut(Record)) -> Result<()> {
+        let file = match File::open(&self.path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io("open journal", &self.path)(e)),
+        };
+        let path = self.path.clone();
+        self.pos = self.reader.read(&file, self.pos, |line| -> Result<()> {
+            if let Line::Complete { bytes, .. } = line {
+                let record: Record =
+                    serde_json::from_slice(bytes).map_err(|e| corrupt(&path, 0, e.to_string()))?;
+                each(record);
+            }
+            Ok(())
+        })?;
+        Ok(())
     }
 }

@@ -1,0 +1,82 @@
+//! `doorbell watch`: print an agent's backlog, then each new accepted message as it is
+//! judged. It follows the journal as the judge appends to it (no replay, no polling); the
+//! cursor moves only after the output was flushed; a closed pipe ends it quietly. With no
+//! daemon running, it judges what arrives itself, briefly taking the lock each time.
+
+use std::os::unix::fs::MetadataExt;
+
+use doorbell_store::append::open_inbox;
+use doorbell_store::cursor;
+use doorbell_store::journal::{journal_path, JournalFollower};
+
+use crate::args::WatchArgs;
+use crate::events::{judge_if_idle, Events};
+use crate::exit::OK;
+use crate::read::{print_accepted, warn_replaced, Inbox, Printed};
+use crate::session::{caught_up, Session};
+
+pub fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<i32> {
+    let bridge = session.bridge()?;
+    let path = bridge.require_inbox(&args.agent)?;
+    let events = Events::new(&bridge)?;
+    let (mut journal, mut follower) = {
+        let snapshot = caught_up(&bridge)?;
+        let journal = snapshot
+            .inboxes
+            .get(&args.agent)
+            .cloned()
+            .unwrap_or_default();
+        let follower = JournalFollower::new(journal_path(&bridge), snapshot.journal_len);
+        (journal, follower)
+    };
+    let mut inbox = open_inbox(&path, false)?;
+    let position = cursor::load(&bridge, &args.agent, &inbox)?;
+    warn_replaced(&args.agent, position);
+    let mut printed_to = position.offset();
+    let mut out = std::io::stdout().lock();
+    loop {
+        if identity(&inbox)? == (journal.dev, journal.ino) {
+            let reading = Inbox {
+                agent: &args.agent,
+                path: &path,
+                file: &inbox,
+                max_line_bytes: bridge.max_line_bytes(),
+            };
+            match print_accepted(&reading, &journal, printed_to, args.json, &mut out)? {
+                Printed::ClosedPipe => return Ok(OK),
+                Printed::Upto(to) => {
+                    if to > printed_to {
+                        cursor::advance(&bridge, &args.agent, &inbox, to)?;
+                        printed_to = to;
+                    }
+                }
+            }
+        }
+        events.wait(None);
+        judge_if_idle(&bridge)?;
+        let agent = args.agent.as_str();
+        let gen = journal.gen;
+        follower.read(&mut |record| {
+            if record.inbox == agent {
+                journal.apply(&record);
+            }
+        })?;
+        // The judge started a new generation (truncated, replaced, recreated): start over,
+        // on the file the judge is reading now.
+        if journal.gen != gen {
+            printed_to = 0;
+        }
+        if identity(&inbox)? != (journal.dev, journal.ino) {
+            if let Ok(current) = open_inbox(&path, false) {
+                if identity(&current)? == (journal.dev, journal.ino) {
+                    inbox = current;
+                }
+            }
+        }
+    }
+}
+
+fn identity(file: &std::fs::File) -> std::io::Result<(u64, u64)> {
+    let meta = file.metadata()?;
+    Ok((meta.dev(), meta.ino()))
+}
