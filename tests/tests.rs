@@ -5,6 +5,7 @@ mod util;
 
 mod catch_up;
 mod check;
+mod daemon;
 mod read;
 mod script;
 mod send;

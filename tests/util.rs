@@ -215,3 +215,158 @@ pub fn line(id: &str, from: &str, to: &str, kind: &str, extra: &str) -> String {
         r#"{{"id":"{id}","from":"{from}","to":"{to}","kind":"{kind}"{state}{extra},"createdAt":"2026-11-29T10:00:00Z","message":{{"role":"agent","parts":[{{"type":"text","text":"{id} from {from}"}}]}}}}"#
     )
 }
+
+/// A running `doorbell daemon`, its stderr collected line by line.
+pub struct Daemon {
+    pub child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// Everything the daemon wrote to stderr so far.
+    pub stderr: Vec<String>,
+}
+
+impl Daemon {
+    /// Start the daemon on `bridge` and wait (up to 30 s) until it says it is judging.
+    pub fn start(bridge: &Bridge, extra: &[&str]) -> Daemon {
+        let mut args = vec!["daemon"];
+        args.extend_from_slice(extra);
+        let mut command = bridge.command(&args);
+        command
+            .env("DOORBELL_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().expect("spawn daemon");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut daemon = Daemon {
+            child,
+            lines,
+            stderr: Vec::new(),
+        };
+        daemon.expect_stderr("doorbell: judging", std::time::Duration::from_secs(30));
+        daemon
+    }
+
+    /// Wait until a stderr line contains `needle`; panic after `timeout`.
+    #[track_caller]
+    pub fn expect_stderr(&mut self, needle: &str, timeout: std::time::Duration) -> String {
+        if let Some(line) = self.stderr.iter().find(|l| l.contains(needle)) {
+            return line.clone();
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.stderr.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "daemon never said {needle:?} within {timeout:?}; stderr:\n{}",
+                    self.stderr.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Send a signal by name (`TERM`, `KILL`, `HUP`, ...).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name}");
+    }
+
+    /// Wait for the daemon to exit, up to `timeout`; its exit code (None: killed by a signal).
+    #[track_caller]
+    pub fn wait_exit(&mut self, timeout: std::time::Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                while let Ok(line) = self.lines.try_recv() {
+                    self.stderr.push(line);
+                }
+                return status.code();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "daemon did not exit within {timeout:?}"
+            );
+            // Pacing the exit check of a child process; there is no event for it here.
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Bridge {
+    /// Block until `done` holds, re-checking whenever an inbox or the journal changes; panic
+    /// after `timeout`. Event-driven: no sleeping between checks.
+    #[track_caller]
+    pub fn wait_for(
+        &self,
+        timeout: std::time::Duration,
+        what: &str,
+        mut done: impl FnMut(&Bridge) -> bool,
+    ) {
+        use notify::Watcher;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut watcher = notify::recommended_watcher(move |_event| {
+            let _ = tx.send(());
+        })
+        .unwrap();
+        let state = self.dir().join(".doorbell");
+        std::fs::create_dir_all(&state).unwrap();
+        watcher
+            .watch(&self.dir(), notify::RecursiveMode::NonRecursive)
+            .unwrap();
+        watcher
+            .watch(&state, notify::RecursiveMode::NonRecursive)
+            .unwrap();
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if done(self) {
+                return;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            assert!(
+                !left.is_zero(),
+                "timed out after {timeout:?} waiting for {what}"
+            );
+            // A change wakes us; the timeout only bounds the wait.
+            let _ = rx.recv_timeout(left);
+            while rx.try_recv().is_ok() {}
+        }
+    }
+
+    /// How many verdicts the journal holds for lines of `inbox`.
+    pub fn verdict_count(&self) -> usize {
+        self.verdicts().len()
+    }
+}

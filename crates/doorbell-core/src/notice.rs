@@ -51,6 +51,31 @@ pub struct Notice {
     pub line: String,
 }
 
+/// A note from a built-in loop, in the field order every sender uses.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct NoteOut<'a> {
+    id: &'a str,
+    from: &'a str,
+    to: &'a str,
+    kind: &'a str,
+    created_at: String,
+    message: MessageOut<'a>,
+}
+
+#[derive(Serialize)]
+struct MessageOut<'a> {
+    role: &'a str,
+    parts: (PartOut<'a>, PartOut<'a>),
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum PartOut<'a> {
+    Text { text: &'a str },
+    Data { data: serde_json::Value },
+}
+
 /// The notice for `refused` (all from one sender, at most [`MAX_PER_NOTICE`]), written at
 /// the judge's time `now`.
 #[must_use]
@@ -89,22 +114,19 @@ pub fn refusal_notice(refused: &[RefusedLine], now: DateTime<Utc>) -> Notice {
             "reason": l.reason.code(), "detail": l.detail,
         })).collect::<Vec<_>>(),
     });
-    let envelope = serde_json::json!({
-        "id": id,
-        "from": "bridge",
-        "to": to,
-        "kind": "note",
-        "createdAt": now.to_rfc3339_opts(SecondsFormat::Millis, true),
-        "message": {"role": "agent", "parts": [
-            {"type": "text", "text": text},
-            {"type": "data", "data": data},
-        ]},
-    });
-    Notice {
-        id,
-        to,
-        line: envelope.to_string(),
-    }
+    let envelope = NoteOut {
+        id: &id,
+        from: "bridge",
+        to: &to,
+        kind: "note",
+        created_at: now.to_rfc3339_opts(SecondsFormat::Millis, true),
+        message: MessageOut {
+            role: "agent",
+            parts: (PartOut::Text { text: &text }, PartOut::Data { data }),
+        },
+    };
+    let line = serde_json::to_string(&envelope).expect("a notice always serialises");
+    Notice { id, to, line }
 }
 
 #[cfg(test)]
