@@ -26,8 +26,18 @@ pub struct Cli {
 pub enum Command {
     /// Append a message to other agents' inboxes and print its id
     Send(Box<SendArgs>),
+    /// Answer request ID: fills --to, --correlates-to and --context-id from the ledger
+    Reply(ReplyArgs),
+    /// The requester cancels its request
+    Cancel(CancelArgs),
     /// Show accepted messages past an agent's cursor, then move the cursor
     Read(ReadArgs),
+    /// One message: envelope, verdict, delivered / read / answered, its thread
+    Show(ShowArgs),
+    /// Open debts: request, debtor, creditor, state, silent since, rings
+    Debts(DebtsArgs),
+    /// Every message of a thread, in order
+    Thread(ThreadArgs),
     /// Print an agent's backlog, then each new accepted message as it is judged
     Watch(WatchArgs),
     /// Block until a request is answered (terminal or input-required)
@@ -43,7 +53,7 @@ pub enum Command {
     Agent(AgentCommand),
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Default, Args)]
 pub struct SendArgs {
     /// Recipient; repeat it, or say `all`, for a broadcast
     #[arg(long, required = true, value_name = "AGENT")]
@@ -81,6 +91,68 @@ pub struct SendArgs {
     /// The text, or - to read it from stdin (the default when there is no --data)
     #[arg(value_name = "TEXT", allow_hyphen_values = false)]
     pub text: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplyArgs {
+    /// The request to answer
+    pub id: String,
+    /// The request's state after this answer: working, input-required, completed, failed,
+    /// rejected (addressee); working, canceled (requester)
+    #[arg(long, value_name = "STATE")]
+    pub state: String,
+    /// Who answers (default: `$DOORBELL_AGENT`)
+    #[arg(long, env = "DOORBELL_AGENT", value_name = "AGENT")]
+    pub from: Option<String>,
+    /// A JSON object to send as a data part
+    #[arg(long, value_name = "JSON")]
+    pub data: Option<String>,
+    /// The answer's id (default: a new ULID); reuse it to retry safely
+    #[arg(long = "id", id = "reply_id", value_name = "ID")]
+    pub reply_id: Option<String>,
+    /// The text, or - to read it from stdin
+    #[arg(value_name = "TEXT")]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// The request to cancel
+    pub id: String,
+    /// The requester (default: `$DOORBELL_AGENT`)
+    #[arg(long, env = "DOORBELL_AGENT", value_name = "AGENT")]
+    pub from: Option<String>,
+    /// Why, or - to read it from stdin
+    #[arg(value_name = "TEXT")]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The message's id
+    pub id: String,
+    /// One JSON document
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DebtsArgs {
+    /// Only debts this agent owes
+    #[arg(long, value_name = "AGENT")]
+    pub owed_by: Option<String>,
+    /// One JSON document
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ThreadArgs {
+    /// The thread's contextId (a request's id, unless it named another)
+    pub context: String,
+    /// One JSON line per message
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -169,6 +241,11 @@ impl Cli {
         match self.command {
             Command::Send(args) => crate::send::run(&session, &args),
             Command::Read(args) => crate::read::run(&session, &args),
+            Command::Reply(args) => crate::reply::reply(&session, args),
+            Command::Cancel(args) => crate::reply::cancel(&session, args),
+            Command::Show(args) => crate::show::show(&session, &args),
+            Command::Debts(args) => crate::show::debts(&session, &args),
+            Command::Thread(args) => crate::show::thread(&session, &args),
             Command::Check(args) => crate::check::run(&session, &args),
             Command::Watch(args) => crate::watch::run(&session, &args),
             Command::Wait(args) => crate::wait::run(&session, &args),

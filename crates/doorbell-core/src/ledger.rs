@@ -156,6 +156,23 @@ pub struct Request {
         with = "opt_millis"
     )]
     pub closed_at: Option<DateTime<Utc>>,
+    /// Rings written in the current epoch.
+    #[serde(rename = "rg", default)]
+    pub rings: u32,
+    /// When the last ring of the current epoch was written.
+    #[serde(
+        rename = "lr",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "opt_millis"
+    )]
+    pub last_ring_at: Option<DateTime<Utc>>,
+    /// Whether the current epoch was escalated to the human station.
+    #[serde(rename = "es", default)]
+    pub escalated: bool,
+    /// Rings written over the request's whole life.
+    #[serde(rename = "rt", default)]
+    pub rings_total: u32,
 }
 
 impl Request {
@@ -467,6 +484,10 @@ impl Ledger {
                         responses: 0,
                         first_response_at: None,
                         closed_at: None,
+                        rings: 0,
+                        last_ring_at: None,
+                        escalated: false,
+                        rings_total: 0,
                     },
                 );
             }
@@ -478,6 +499,9 @@ impl Ledger {
                     request.state = state;
                     request.state_since = seen_at;
                     request.epoch += 1;
+                    request.rings = 0;
+                    request.last_ring_at = None;
+                    request.escalated = false;
                     request.responses += 1;
                     if line.from == request.addressee {
                         request.first_response_at.get_or_insert(seen_at);
@@ -488,6 +512,25 @@ impl Ledger {
                 }
             }
             Kind::Note => {}
+        }
+    }
+
+    /// Record that the doorbell loop wrote `due` for `request` in `epoch` at `at`. A record
+    /// for an older epoch (the state moved on meanwhile) changes nothing.
+    pub fn rang(&mut self, request: &str, epoch: u32, due: crate::debts::Due, at: DateTime<Utc>) {
+        let Some(request) = self.requests.get_mut(request) else {
+            return;
+        };
+        if request.epoch != epoch {
+            return;
+        }
+        match due {
+            crate::debts::Due::Ring(n) => {
+                request.rings = request.rings.max(n);
+                request.rings_total += 1;
+                request.last_ring_at = Some(at);
+            }
+            crate::debts::Due::Escalate => request.escalated = true,
         }
     }
 

@@ -5,6 +5,7 @@
 //! judge's current time; everything it returns is a value. That keeps every rule testable
 //! with plain data and makes a verdict a pure function of the line and the ledger.
 
+pub mod debts;
 pub mod duration;
 pub mod envelope;
 pub mod judge;

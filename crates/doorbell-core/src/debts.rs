@@ -1,0 +1,208 @@
+//! The doorbell's schedule: when an open request rings its debtor again, and when it is
+//! escalated to the human station. Pure: fed a request and the judge's time, it says what is
+//! due and when, so the daemon can sleep until then and tests can run in virtual time.
+//!
+//! With `R = ring_after / (1, 1, 2, 4)[priority]` and `b = backoff`: ring 1 is due at `t0 + R`
+//! (or at `replyBy` when that is earlier); ring `k+1` at ring `k` + `R·b^k`, counted from when
+//! ring `k` was actually written, so a long downtime yields one late ring, never a burst. One
+//! interval after ring `max_rings` the debt is escalated once to the human station, unless
+//! the human owes it. A state change starts a new epoch with no rings.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+
+use crate::ledger::Request;
+use crate::notice::Notice;
+use crate::State;
+
+/// The `[debts]` settings that shape the schedule.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Schedule {
+    pub ring_after: Duration,
+    pub backoff: f64,
+    pub max_rings: u32,
+}
+
+/// What is due for a debt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// Ring number `n` (from 1) of the current epoch, to the debtor.
+    Ring(u32),
+    /// Tell the human station that the debt went unanswered.
+    Escalate,
+}
+
+/// `R` for a priority: critical debts ring four times sooner.
+#[must_use]
+pub fn interval(schedule: &Schedule, priority: u8) -> Duration {
+    let divisor = match priority {
+        0 | 1 => 1,
+        2 => 2,
+        _ => 4,
+    };
+    schedule.ring_after / divisor
+}
+
+fn to_chrono(d: Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
+/// The next thing due for `request` and when, or `None` when nothing ever is again.
+#[must_use]
+pub fn next_due(
+    request: &Request,
+    schedule: &Schedule,
+    human: &str,
+) -> Option<(DateTime<Utc>, Due)> {
+    if !request.is_open() {
+        return None;
+    }
+    let r = interval(schedule, request.priority);
+    let sent = request.rings;
+    // The interval after ring k is R·b^k; ring 0 is the moment the epoch began.
+    let after = |k: u32| -> chrono::Duration {
+        let factor = schedule.backoff.powi(i32::try_from(k).unwrap_or(i32::MAX));
+        to_chrono(r.mul_f64(factor.min(1e9)))
+    };
+    let last = request.last_ring_at.unwrap_or(request.state_since);
+    if sent == 0 && schedule.max_rings > 0 {
+        let mut due = request.state_since + to_chrono(r);
+        if let Some(reply_by) = request.reply_by {
+            due = due.min(reply_by);
+        }
+        return Some((due, Due::Ring(1)));
+    }
+    if sent < schedule.max_rings {
+        return Some((last + after(sent), Due::Ring(sent + 1)));
+    }
+    if request.escalated || request.debtor() == human {
+        return None;
+    }
+    Some((last + after(sent), Due::Escalate))
+}
+
+/// The reserved id of ring `n` of `request`'s current epoch.
+#[must_use]
+pub fn ring_id(request: &Request, n: u32) -> String {
+    format!(
+        "ring:{:016x}:{}:{n}",
+        xxhash_rust::xxh3::xxh3_64(request.id.as_bytes()),
+        request.epoch
+    )
+}
+
+/// The reserved id of `request`'s escalation in its current epoch.
+#[must_use]
+pub fn escalation_id(request: &Request) -> String {
+    format!(
+        "escalation:{:016x}:{}",
+        xxhash_rust::xxh3::xxh3_64(request.id.as_bytes()),
+        request.epoch
+    )
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct LoopNote<'a> {
+    id: &'a str,
+    from: &'a str,
+    to: &'a str,
+    kind: &'a str,
+    correlates_to: &'a str,
+    context_id: &'a str,
+    created_at: String,
+    priority: u8,
+    message: LoopMessage<'a>,
+}
+
+#[derive(Serialize)]
+struct LoopMessage<'a> {
+    role: &'a str,
+    parts: [LoopPart<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct LoopPart<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    text: &'a str,
+}
+
+fn note(id: String, to: &str, request: &Request, text: &str, now: DateTime<Utc>) -> Notice {
+    let line = serde_json::to_string(&LoopNote {
+        id: &id,
+        from: "debt-loop",
+        to,
+        kind: "note",
+        correlates_to: &request.id,
+        context_id: &request.context_id,
+        created_at: now.to_rfc3339_opts(SecondsFormat::Millis, true),
+        priority: request.priority,
+        message: LoopMessage {
+            role: "agent",
+            parts: [LoopPart { kind: "text", text }],
+        },
+    })
+    .expect("a loop note always serialises");
+    Notice {
+        id,
+        to: to.to_owned(),
+        line,
+    }
+}
+
+/// How a person reads a span: `2 d 4 h`, `35 min`.
+#[must_use]
+pub fn span(from: DateTime<Utc>, to: DateTime<Utc>) -> String {
+    let secs = (to - from).num_seconds().max(0);
+    match secs {
+        s if s < 60 => format!("{s} s"),
+        s if s < 3600 => format!("{} min", s / 60),
+        s if s < 86_400 => format!("{} h {} min", s / 3600, (s % 3600) / 60),
+        s => format!("{} d {} h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+/// The command that pays the debt, for the debtor to run.
+#[must_use]
+pub fn answer_command(request: &Request) -> String {
+    if request.state == State::InputRequired {
+        format!("doorbell reply {} --state working \"…\"", request.id)
+    } else {
+        format!("doorbell reply {} --state completed \"…\"", request.id)
+    }
+}
+
+/// Ring `n` of `request`, to its current debtor.
+#[must_use]
+pub fn ring_note(request: &Request, n: u32, max_rings: u32, now: DateTime<Utc>) -> Notice {
+    let mut text = format!(
+        "doorbell: {} is waiting for you on {} ({}) since {} ago. Ring {n} of {max_rings}.",
+        request.creditor(),
+        request.id,
+        request.state,
+        span(request.state_since, now),
+    );
+    let _ = write!(text, " Answer with: {}", answer_command(request));
+    note(ring_id(request, n), request.debtor(), request, &text, now)
+}
+
+/// The escalation of `request` to the human station.
+#[must_use]
+pub fn escalation_note(request: &Request, human: &str, now: DateTime<Utc>) -> Notice {
+    let text = format!(
+        "doorbell: {} has owed {} an answer on {} ({}) for {}; rang {} times without an answer. \
+         The debtor answers with: {}",
+        request.debtor(),
+        request.creditor(),
+        request.id,
+        request.state,
+        span(request.state_since, now),
+        request.rings,
+        answer_command(request),
+    );
+    note(escalation_id(request), human, request, &text, now)
+}
