@@ -46,8 +46,10 @@ pub fn interval(schedule: &Schedule, priority: u8) -> Duration {
     schedule.ring_after / divisor
 }
 
-fn to_chrono(d: Duration) -> chrono::Duration {
-    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+/// `from + span`, or `None` when that lies past the last representable time: never due.
+/// Settings the config accepts (a long `ring_after`, `backoff` up to 100) get there.
+fn later(from: DateTime<Utc>, span: Duration) -> Option<DateTime<Utc>> {
+    from.checked_add_signed(chrono::Duration::from_std(span).ok()?)
 }
 
 /// The next thing due for `request` and when, or `None` when nothing ever is again.
@@ -63,25 +65,30 @@ pub fn next_due(
     let r = interval(schedule, request.priority);
     let sent = request.rings;
     // The interval after ring k is R·b^k; ring 0 is the moment the epoch began.
-    let after = |k: u32| -> chrono::Duration {
+    let after = |k: u32| -> Option<Duration> {
         let factor = schedule.backoff.powi(i32::try_from(k).unwrap_or(i32::MAX));
-        to_chrono(r.mul_f64(factor.min(1e9)))
+        Duration::try_from_secs_f64(r.as_secs_f64() * factor.min(1e9)).ok()
     };
     let last = request.last_ring_at.unwrap_or(request.state_since);
     if sent == 0 && schedule.max_rings > 0 {
-        let mut due = request.state_since + to_chrono(r);
-        if let Some(reply_by) = request.reply_by {
-            due = due.min(reply_by);
-        }
+        // A replyBy moves ring 1 earlier in the first epoch, and in later ones only while it
+        // is still ahead: a passed deadline must not ring at every heartbeat.
+        let reply_by = request
+            .reply_by
+            .filter(|t| request.epoch == 0 || *t > request.state_since);
+        let due = later(request.state_since, r)
+            .into_iter()
+            .chain(reply_by)
+            .min()?;
         return Some((due, Due::Ring(1)));
     }
     if sent < schedule.max_rings {
-        return Some((last + after(sent), Due::Ring(sent + 1)));
+        return Some((later(last, after(sent)?)?, Due::Ring(sent + 1)));
     }
     if request.escalated || request.debtor() == human {
         return None;
     }
-    Some((last + after(sent), Due::Escalate))
+    Some((later(last, after(sent)?)?, Due::Escalate))
 }
 
 /// The reserved id of ring `n` of `request`'s current epoch.

@@ -16,7 +16,7 @@ use serde::{Serialize, Serializer};
 use serde_json::value::RawValue;
 
 /// What a message is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     /// Expects an answer: a debt until it is closed.
     Request,

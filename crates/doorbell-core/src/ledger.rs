@@ -525,8 +525,10 @@ impl Ledger {
             return;
         }
         match due {
+            // A ring already counted (a record seen twice) changes nothing.
+            crate::debts::Due::Ring(n) if n <= request.rings => {}
             crate::debts::Due::Ring(n) => {
-                request.rings = request.rings.max(n);
+                request.rings = n;
                 request.rings_total += 1;
                 request.last_ring_at = Some(at);
             }

@@ -12,6 +12,7 @@ pub mod judge;
 pub mod ledger;
 pub mod name;
 pub mod notice;
+pub mod report;
 pub mod verdict;
 
 pub use envelope::{Envelope, Kind, MessageSummary, State};

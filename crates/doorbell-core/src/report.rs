@@ -1,0 +1,376 @@
+//! The morning report: what is stuck and who owes whom, in one line a person can act on,
+//! then the detail. Pure: built from the ledger's requests and the window's activity, at the
+//! time it is asked for; rendered as markdown (files), text (terminals) or JSON (machines).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use chrono::{DateTime, Local, SecondsFormat, Utc};
+use serde::Serialize;
+
+use crate::debts::span;
+use crate::ledger::Request;
+use crate::Kind;
+
+/// What happened in the window, counted from the journal.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// Accepted messages per sender and kind.
+    pub sent: BTreeMap<String, BTreeMap<Kind, u64>>,
+    /// Refused lines per reason code.
+    pub refused: BTreeMap<String, u64>,
+}
+
+/// What the report is built from.
+#[derive(Debug, Clone)]
+pub struct Inputs<'a> {
+    pub requests: Vec<&'a Request>,
+    pub activity: Activity,
+    /// The first line of each request's text, by id, where it could be read.
+    pub texts: BTreeMap<String, String>,
+    pub since: DateTime<Utc>,
+    pub now: DateTime<Utc>,
+    pub stalled_after: Duration,
+    pub human: String,
+}
+
+/// One stalled request, or one question waiting on the human.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Stalled {
+    pub id: String,
+    pub debtor: String,
+    pub requester: String,
+    pub state: String,
+    pub silent_since: String,
+    /// Seconds since the state last changed.
+    pub silent_for: i64,
+    pub rings: u32,
+    pub text: String,
+}
+
+/// Sent messages of one agent in the window.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    pub requests: u64,
+    pub responses: u64,
+    pub notes: u64,
+}
+
+/// The report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub since: String,
+    pub until: String,
+    pub summary: String,
+    /// Stalled debts, grouped by debtor (the debtors ordered by their oldest debt).
+    pub stalled: Vec<(String, Vec<Stalled>)>,
+    pub waiting_on_human: Vec<Stalled>,
+    pub answered: u64,
+    /// Seconds from the request being seen to its first terminal state.
+    pub median_answer_secs: Option<i64>,
+    pub p90_answer_secs: Option<i64>,
+    pub per_agent: BTreeMap<String, Counts>,
+    pub refused: BTreeMap<String, u64>,
+}
+
+fn rfc(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// The value at quantile `q` of sorted `values` (nearest rank).
+fn quantile(sorted: &[i64], q: f64) -> Option<i64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    #[allow(clippy::cast_precision_loss, clippy::cast_sign_loss)]
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// Build the report.
+#[must_use]
+pub fn build(inputs: &Inputs<'_>) -> Report {
+    let now = inputs.now;
+    let stalled_after =
+        chrono::Duration::from_std(inputs.stalled_after).unwrap_or(chrono::Duration::MAX);
+    let item = |r: &Request| Stalled {
+        id: r.id.clone(),
+        debtor: r.debtor().to_owned(),
+        requester: r.creditor().to_owned(),
+        state: r.state.as_str().to_owned(),
+        silent_since: rfc(r.state_since),
+        silent_for: (now - r.state_since).num_seconds().max(0),
+        rings: r.rings_total,
+        text: inputs.texts.get(&r.id).cloned().unwrap_or_default(),
+    };
+    let mut open: Vec<&Request> = inputs
+        .requests
+        .iter()
+        .copied()
+        .filter(|r| r.is_open())
+        .collect();
+    open.sort_by(|a, b| (a.state_since, &a.id).cmp(&(b.state_since, &b.id)));
+    let mut by_debtor: Vec<(String, Vec<Stalled>)> = Vec::new();
+    let mut waiting_on_human = Vec::new();
+    for request in open {
+        if request.debtor() == inputs.human {
+            waiting_on_human.push(item(request));
+        } else if now - request.state_since >= stalled_after {
+            let debtor = request.debtor();
+            match by_debtor.iter_mut().find(|(d, _)| d == debtor) {
+                Some((_, items)) => items.push(item(request)),
+                None => by_debtor.push((debtor.to_owned(), vec![item(request)])),
+            }
+        }
+    }
+    let mut times: Vec<i64> = inputs
+        .requests
+        .iter()
+        .filter_map(|r| {
+            r.closed_at
+                .filter(|c| *c >= inputs.since && *c <= now)
+                .map(|c| (c - r.seen_at).num_seconds())
+        })
+        .collect();
+    times.sort_unstable();
+    let per_agent = inputs
+        .activity
+        .sent
+        .iter()
+        .map(|(agent, kinds)| {
+            let n = |k| kinds.get(&k).copied().unwrap_or(0);
+            (
+                agent.clone(),
+                Counts {
+                    requests: n(Kind::Request),
+                    responses: n(Kind::Response),
+                    notes: n(Kind::Note),
+                },
+            )
+        })
+        .collect();
+    let stalled_count: usize = by_debtor.iter().map(|(_, items)| items.len()).sum();
+    let oldest = by_debtor
+        .iter()
+        .flat_map(|(_, items)| items)
+        .map(|s| s.silent_for)
+        .max();
+    let mut summary = if stalled_count == 0 {
+        "nothing stalled".to_owned()
+    } else {
+        format!(
+            "{} stalled, oldest {}",
+            plural(stalled_count, "request", "requests"),
+            span(now - chrono::Duration::seconds(oldest.unwrap_or(0)), now)
+        )
+    };
+    if !by_debtor.is_empty() {
+        let owes: Vec<String> = by_debtor
+            .iter()
+            .map(|(d, items)| format!("{d} owes {}", items.len()))
+            .collect();
+        let _ = write!(summary, "; {}", owes.join(", "));
+    }
+    match waiting_on_human.len() {
+        0 => {}
+        1 => summary.push_str("; 1 question waits on you"),
+        n => {
+            let _ = write!(summary, "; {n} questions wait on you");
+        }
+    }
+    Report {
+        since: rfc(inputs.since),
+        until: rfc(now),
+        summary,
+        stalled: by_debtor,
+        waiting_on_human,
+        answered: times.len() as u64,
+        median_answer_secs: quantile(&times, 0.5),
+        p90_answer_secs: quantile(&times, 0.9),
+        per_agent,
+        refused: inputs.activity.refused.clone(),
+    }
+}
+
+fn duration(secs: Option<i64>) -> String {
+    secs.map_or_else(
+        || "-".to_owned(),
+        |s| {
+            span(
+                DateTime::UNIX_EPOCH,
+                DateTime::UNIX_EPOCH + chrono::Duration::seconds(s),
+            )
+        },
+    )
+}
+
+fn local(t: &str) -> String {
+    DateTime::parse_from_rfc3339(t).map_or_else(
+        |_| t.to_owned(),
+        |t| {
+            t.with_timezone(&Local)
+                .format("%a %-d %b %H:%M")
+                .to_string()
+        },
+    )
+}
+
+/// A table cell: no pipes or line breaks.
+fn cell(text: &str) -> String {
+    text.replace('|', "\\|").replace(['\n', '\r'], " ")
+}
+
+impl Report {
+    /// Markdown for files: the summary first, then the tables.
+    #[must_use]
+    pub fn markdown(&self, title: &str) -> String {
+        let mut out = format!("# {title}\n\n**{}**\n\n", self.summary);
+        let _ = writeln!(
+            out,
+            "Window: {} to {}.\n",
+            local(&self.since),
+            local(&self.until)
+        );
+        out.push_str("## Stalled requests\n\n");
+        if self.stalled.is_empty() {
+            out.push_str("None.\n\n");
+        }
+        for (debtor, items) in &self.stalled {
+            let _ = writeln!(out, "### {debtor} owes {}\n", items.len());
+            out.push_str("| request | requester | state | silent since | rings | text |\n|---|---|---|---|---|---|\n");
+            for s in items {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} ({}) | {} | {} |",
+                    s.id,
+                    s.requester,
+                    s.state,
+                    local(&s.silent_since),
+                    duration(Some(s.silent_for)),
+                    s.rings,
+                    cell(&s.text)
+                );
+            }
+            out.push('\n');
+        }
+        out.push_str("## Waiting on you\n\n");
+        if self.waiting_on_human.is_empty() {
+            out.push_str("Nothing.\n\n");
+        } else {
+            out.push_str("| request | from | state | since | text |\n|---|---|---|---|---|\n");
+            for s in &self.waiting_on_human {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} |",
+                    s.id,
+                    s.requester,
+                    s.state,
+                    local(&s.silent_since),
+                    cell(&s.text)
+                );
+            }
+            out.push('\n');
+        }
+        let _ = writeln!(
+            out,
+            "## Answered\n\n{} answered in the window; time to answer: median {}, p90 {}.\n",
+            self.answered,
+            duration(self.median_answer_secs),
+            duration(self.p90_answer_secs)
+        );
+        out.push_str("## Messages per agent\n\n| agent | requests | responses | notes |\n|---|---|---|---|\n");
+        for (agent, c) in &self.per_agent {
+            let _ = writeln!(
+                out,
+                "| {agent} | {} | {} | {} |",
+                c.requests, c.responses, c.notes
+            );
+        }
+        out.push_str("\n## Refused lines\n\n");
+        if self.refused.is_empty() {
+            out.push_str("None.\n");
+        } else {
+            out.push_str("| reason | lines |\n|---|---|\n");
+            for (reason, n) in &self.refused {
+                let _ = writeln!(out, "| {reason} | {n} |");
+            }
+        }
+        out
+    }
+
+    /// Text for a terminal; `colour` makes the summary and headings stand out.
+    #[must_use]
+    pub fn text(&self, colour: bool) -> String {
+        let (bold, reset) = if colour {
+            ("\x1b[1m", "\x1b[0m")
+        } else {
+            ("", "")
+        };
+        let mut out = format!("{bold}{}{reset}\n", self.summary);
+        let _ = writeln!(
+            out,
+            "window: {} to {}",
+            local(&self.since),
+            local(&self.until)
+        );
+        for (debtor, items) in &self.stalled {
+            let _ = writeln!(out, "\n{bold}{debtor} owes {}{reset}", items.len());
+            for s in items {
+                let _ = writeln!(
+                    out,
+                    "  {}  to {}  {}  silent {}  rings {}  {}",
+                    s.id,
+                    s.requester,
+                    s.state,
+                    duration(Some(s.silent_for)),
+                    s.rings,
+                    s.text
+                );
+            }
+        }
+        if !self.waiting_on_human.is_empty() {
+            let _ = writeln!(out, "\n{bold}waiting on you{reset}");
+            for s in &self.waiting_on_human {
+                let _ = writeln!(
+                    out,
+                    "  {}  from {}  {}  since {}  {}",
+                    s.id,
+                    s.requester,
+                    s.state,
+                    local(&s.silent_since),
+                    s.text
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "\nanswered: {} (median {}, p90 {})",
+            self.answered,
+            duration(self.median_answer_secs),
+            duration(self.p90_answer_secs)
+        );
+        for (agent, c) in &self.per_agent {
+            let _ = writeln!(
+                out,
+                "  {agent}: {} requests, {} responses, {} notes",
+                c.requests, c.responses, c.notes
+            );
+        }
+        if !self.refused.is_empty() {
+            let by: Vec<String> = self
+                .refused
+                .iter()
+                .map(|(r, n)| format!("{r} {n}"))
+                .collect();
+            let _ = writeln!(out, "refused: {}", by.join(", "));
+        }
+        out
+    }
+}
