@@ -177,8 +177,13 @@ impl InboxJournal {
         match record.verdict {
             Word::Mark => {
                 let (dev, ino) = (record.dev.unwrap_or(0), record.ino.unwrap_or(0));
-                if record.gen != self.gen || self.judged_to == 0 && self.mark.is_none() {
+                if record.gen != self.gen {
                     self.new_generation(record.gen, dev, ino);
+                } else if self.judged_to == 0 && self.mark.is_none() {
+                    // The generation's first marks say which file it is. Verdicts already
+                    // journaled past a held first line (`judged_beyond`) stay.
+                    self.dev = dev;
+                    self.ino = ino;
                 }
                 if let Some(marker) = record.marker {
                     self.mark = Some((record.offset, marker));

@@ -125,6 +125,8 @@ pub struct Judge {
     written: HashSet<String>,
     /// Set from another thread to stop a long sweep at the next line.
     interrupt: Arc<AtomicBool>,
+    /// How many times a line was held for its request (a sweep reads again while this grows).
+    holds: u64,
 }
 
 impl Judge {
@@ -157,6 +159,7 @@ impl Judge {
             uses: 0,
             written: HashSet::new(),
             interrupt: Arc::new(AtomicBool::new(false)),
+            holds: 0,
         })
     }
 
@@ -225,22 +228,27 @@ impl Judge {
     pub fn sweep(&mut self, names: &[String], now: DateTime<Utc>) -> Result<CatchUp> {
         let mut stats = CatchUp::default();
         let mut held: HashMap<String, Vec<Held>> = HashMap::new();
-        let mut swept = BTreeSet::new();
+        let mut holds = self.holds;
         for name in names {
             if !self.inbox_names.contains(name) {
                 self.refresh_registry()?;
             }
             self.sweep_one(name, now, &mut held, &mut stats)?;
-            swept.insert(name.clone());
         }
-        if !held.is_empty() {
+        // A held line's request was appended before the line was read, but perhaps to an
+        // inbox this sweep had already read. So every inbox (those already read included) is
+        // read to its end once more, starting after every held line was read; and again while
+        // such a pass holds more lines.
+        while !held.is_empty() && self.holds != holds {
+            holds = self.holds;
             self.refresh_registry()?;
-            let others: Vec<String> = self.inbox_names.difference(&swept).cloned().collect();
-            for name in &others {
+            let all: Vec<String> = self.inbox_names.iter().cloned().collect();
+            for name in &all {
                 self.sweep_one(name, now, &mut held, &mut stats)?;
             }
         }
-        // Every inbox has been read to its end: what is still held answers no request.
+        // Every inbox has been read to its end after the held lines were read: what is still
+        // held answers no request.
         let mut rest: Vec<Held> = held.into_values().flatten().collect();
         rest.sort_by(|a, b| (&a.inbox, a.offset).cmp(&(&b.inbox, b.offset)));
         for line in rest {
@@ -458,13 +466,20 @@ impl Judge {
     ) -> Result<u64> {
         let start = self.snapshot.inboxes[name].judged_to;
         let beyond = self.snapshot.inboxes[name].judged_beyond.clone();
+        // Lines already held in this sweep are read again, not judged again.
+        let holding: HashSet<u64> = held
+            .values()
+            .flatten()
+            .filter(|h| h.inbox == name && h.gen == gen)
+            .map(|h| h.offset)
+            .collect();
         let mut reader = std::mem::replace(&mut self.reader, LineReader::new(0));
         let interrupt = Arc::clone(&self.interrupt);
         let result = reader.read(file, start, |line| {
             if interrupt.load(Ordering::Relaxed) {
                 return Err(Error::Interrupted);
             }
-            if beyond.contains_key(&line.offset()) {
+            if beyond.contains_key(&line.offset()) || holding.contains(&line.offset()) {
                 return Ok(());
             }
             match line {
@@ -582,6 +597,7 @@ impl Judge {
         {
             if refusal.reason == RefusalReason::UnknownRequest {
                 let request = envelope.correlates_to.as_deref().unwrap_or_default();
+                self.holds += 1;
                 held.entry(request.to_owned()).or_default().push(Held {
                     inbox: name.to_owned(),
                     gen,
