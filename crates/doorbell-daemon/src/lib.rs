@@ -90,9 +90,11 @@ pub async fn run(
             Some(()) = hangup.recv() => {
                 match Config::load(options.config_path.as_deref()) {
                     Ok(config) => {
-                        tracing::info!(path = ?config.path, "config reloaded");
+                        let path = config.path.clone();
                         let _ = config_tx.send(Arc::new(config.clone()));
                         let _ = inputs.send(Input::Reload(config));
+                        // Logged once handed over: a line written after this is judged with it.
+                        tracing::info!(?path, "config reloaded");
                     }
                     Err(e) => tracing::error!(error = %e, "config not reloaded; keeping the old one"),
                 }

@@ -143,8 +143,7 @@ impl Config {
             path: path.to_path_buf(),
             message,
         };
-        let file: ConfigFile =
-            toml::from_str(text).map_err(|e| bad(e.to_string().trim_end().to_owned()))?;
+        let file: ConfigFile = toml::from_str(text).map_err(|e| bad(one_line(&e, text)))?;
         let mut config = Config {
             path: Some(path.to_path_buf()),
             ..Config::default()
@@ -225,6 +224,21 @@ impl Config {
     }
 }
 
+/// A TOML error on one line, since logs (journald) keep lines apart: where, the line itself
+/// (which names the key, also for a bad value), and what is wrong.
+fn one_line(error: &toml::de::Error, text: &str) -> String {
+    let message = error.message().trim_end().replace('\n', " ");
+    let Some(before) = error.span().and_then(|span| text.get(..span.start)) else {
+        return message;
+    };
+    let number = before.matches('\n').count() + 1;
+    let start = before.rfind('\n').map_or(0, |at| at + 1);
+    let end = text[before.len()..]
+        .find('\n')
+        .map_or(text.len(), |at| before.len() + at);
+    format!("line {number} `{}`: {message}", text[start..end].trim())
+}
+
 fn check_name(
     name: &str,
     what: &str,
@@ -271,6 +285,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("ring_afterr"), "{err}");
+    }
+
+    #[test]
+    fn toml_errors_are_one_line_that_names_the_key() {
+        let err = parse("human = \"human\"\ncolour = \"blue\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains('\n'), "{err}");
+        assert!(err.contains("line 2 `colour = \"blue\"`"), "{err}");
+        assert!(err.contains("unknown field `colour`"), "{err}");
+        let err = parse("max_line_bytes = \"big\"\n").unwrap_err().to_string();
+        assert!(!err.contains('\n'), "{err}");
+        assert!(err.contains("max_line_bytes"), "{err}");
     }
 
     #[test]
