@@ -1,10 +1,14 @@
 //! The daemon end to end: the real binary, real inotify, conditions awaited with deadlines.
 
-use std::io::{BufRead, BufReader};
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-use crate::util::{line, Bridge, Daemon};
+use crate::util::{line, Bridge, Daemon, Run};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -78,4 +82,1056 @@ fn watch_prints_a_request_and_a_bad_response_is_refused_and_told_once() {
         text.contains("'01NOCORR' in design-inbox.jsonl: response-without-correlation"),
         "{text}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers for the tests below. They read only complete records: the judge may be mid-append.
+
+/// A journal record that is a verdict, keyed by where its line is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Judged {
+    inbox: String,
+    gen: u64,
+    offset: u64,
+    verdict: String,
+    reason: Option<String>,
+}
+
+/// The journal's complete records.
+fn records(bridge: &Bridge) -> Vec<serde_json::Value> {
+    let bytes = std::fs::read(bridge.dir().join(".doorbell/journal.jsonl")).unwrap_or_default();
+    let complete = match bytes.iter().rposition(|&b| b == b'\n') {
+        Some(end) => &bytes[..=end],
+        None => &[][..],
+    };
+    complete
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect()
+}
+
+/// Every verdict in the journal (not marks, not intents), in journal order.
+fn judged(bridge: &Bridge) -> Vec<Judged> {
+    records(bridge)
+        .into_iter()
+        .filter(|r| r["v"] != "m" && r["v"] != "i")
+        .map(|r| Judged {
+            inbox: r["in"].as_str().unwrap().to_owned(),
+            gen: r["g"].as_u64().unwrap_or(0),
+            offset: r["o"].as_u64().unwrap(),
+            verdict: r["v"].as_str().unwrap().to_owned(),
+            reason: r["reason"].as_str().map(str::to_owned),
+        })
+        .collect()
+}
+
+/// The verdicts of one inbox's generation `gen`, as (offset, verdict), in journal order.
+fn judged_in(bridge: &Bridge, inbox: &str, gen: u64) -> Vec<(u64, String)> {
+    judged(bridge)
+        .into_iter()
+        .filter(|j| j.inbox == inbox && j.gen == gen)
+        .map(|j| (j.offset, j.verdict))
+        .collect()
+}
+
+/// The generations the journal has marked for `inbox`, in journal order (repeats removed).
+fn marked_generations(bridge: &Bridge, inbox: &str) -> Vec<u64> {
+    let mut gens: Vec<u64> = records(bridge)
+        .into_iter()
+        .filter(|r| r["v"] == "m" && r["in"] == inbox)
+        .map(|r| r["g"].as_u64().unwrap_or(0))
+        .collect();
+    gens.dedup();
+    gens
+}
+
+/// Every verdict key (inbox, generation, offset) and how often the journal has it.
+fn verdict_keys(bridge: &Bridge) -> BTreeMap<(String, u64, u64), usize> {
+    let mut keys = BTreeMap::new();
+    for j in judged(bridge) {
+        *keys.entry((j.inbox, j.gen, j.offset)).or_insert(0) += 1;
+    }
+    keys
+}
+
+/// Panic when any line has more than one verdict.
+#[track_caller]
+fn assert_judged_once(bridge: &Bridge) -> BTreeMap<(String, u64, u64), usize> {
+    let keys = verdict_keys(bridge);
+    let twice: Vec<_> = keys.iter().filter(|(_, &n)| n != 1).collect();
+    assert!(twice.is_empty(), "lines judged more than once: {twice:?}");
+    // The helper in util spells verdicts out; it must agree on how many there are.
+    assert_eq!(bridge.verdict_count(), keys.len());
+    keys
+}
+
+/// Where each complete line of `bytes` starts.
+fn starts(bytes: &[u8]) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if b == b'\n' {
+            if i > at {
+                out.push(at as u64);
+            }
+            at = i + 1;
+        }
+    }
+    out
+}
+
+/// A note from `design` to `to`, with its newline.
+fn note(id: &str, to: &str) -> String {
+    format!("{}\n", line(id, "design", to, "note", ""))
+}
+
+/// The verdict (and reason) of the line with `id` in `inbox`'s current file.
+#[track_caller]
+fn verdict_of(bridge: &Bridge, inbox: &str, id: &str) -> (String, Option<String>) {
+    let bytes = std::fs::read(bridge.inbox(inbox)).unwrap();
+    let needle = format!(r#""id":"{id}""#);
+    let offset = starts(&bytes)
+        .into_iter()
+        .find(|&o| {
+            let rest = &bytes[o as usize..];
+            let end = rest.iter().position(|&b| b == b'\n').unwrap();
+            rest[..end]
+                .windows(needle.len())
+                .any(|w| w == needle.as_bytes())
+        })
+        .unwrap_or_else(|| panic!("no line {id} in {inbox}"));
+    let gen = marked_generations(bridge, inbox)
+        .last()
+        .copied()
+        .unwrap_or(0);
+    let found = judged(bridge)
+        .into_iter()
+        .find(|j| j.inbox == inbox && j.gen == gen && j.offset == offset)
+        .unwrap_or_else(|| panic!("no verdict for {id} in {inbox}"));
+    (found.verdict, found.reason)
+}
+
+/// The ids `read AGENT --json` shows (and the cursor moves past).
+fn read_ids(bridge: &Bridge, agent: &str) -> Vec<String> {
+    bridge
+        .read_json(agent, &[])
+        .iter()
+        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The agents whose inbox is a regular file in the folder.
+fn inbox_files(bridge: &Bridge) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(bridge.dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_suffix("-inbox.jsonl")
+                .map(str::to_owned)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// Whether every complete line of every inbox has a verdict in the inbox's current generation:
+/// the judge has nothing left to do (notices it wrote included, once they are judged).
+fn all_judged(bridge: &Bridge) -> bool {
+    let keys = verdict_keys(bridge);
+    inbox_files(bridge).iter().all(|name| {
+        let gen = marked_generations(bridge, name)
+            .last()
+            .copied()
+            .unwrap_or(0);
+        let bytes = std::fs::read(bridge.inbox(name)).unwrap_or_default();
+        starts(&bytes)
+            .into_iter()
+            .all(|offset| keys.contains_key(&(name.clone(), gen, offset)))
+    })
+}
+
+/// Every refusal notice in every inbox, parsed.
+fn notices(bridge: &Bridge) -> Vec<serde_json::Value> {
+    inbox_files(bridge)
+        .iter()
+        .flat_map(|name| bridge.lines(name))
+        .filter(|l| l.starts_with(br#"{"id":"bridge:refused:"#))
+        .map(|l| serde_json::from_slice(&l).unwrap())
+        .collect()
+}
+
+/// How many notices name the refused line `id`.
+fn notices_naming(bridge: &Bridge, id: &str) -> usize {
+    let needle = format!("'{id}'");
+    notices(bridge)
+        .iter()
+        .filter(|n| {
+            n["message"]["parts"][0]["text"]
+                .as_str()
+                .unwrap()
+                .contains(&needle)
+        })
+        .count()
+}
+
+/// Append a note to `human` and wait until it is judged: every hint given before it has been
+/// taken by the judge (events reach it in order), so what it did not judge by now it skipped.
+#[track_caller]
+fn barrier(bridge: &Bridge) {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let id = format!("01BARRIER{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    let before = std::fs::metadata(bridge.inbox("human")).unwrap().len();
+    bridge.append_raw("human", note(&id, "human").as_bytes());
+    bridge.wait_for(PATIENCE, &format!("barrier {id} judged"), |b| {
+        judged(b)
+            .iter()
+            .any(|j| j.inbox == "human" && j.offset == before)
+    });
+}
+
+/// Run a command to its end, killing it and failing after `timeout`.
+#[track_caller]
+fn run_within(mut command: std::process::Command, timeout: Duration) -> Run {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = command.spawn().unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let Ok(output) = rx.recv_timeout(timeout) else {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+        panic!("command did not finish within {timeout:?}");
+    };
+    let output = output.unwrap();
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// Wait (event-driven) until `path` exists; panic after `timeout`.
+#[track_caller]
+fn wait_for_file(path: &Path, timeout: Duration) {
+    use notify::Watcher;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut watcher = notify::recommended_watcher(move |_event| {
+        let _ = tx.send(());
+    })
+    .unwrap();
+    watcher
+        .watch(path.parent().unwrap(), notify::RecursiveMode::NonRecursive)
+        .unwrap();
+    let deadline = Instant::now() + timeout;
+    while !path.exists() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "{} never appeared", path.display());
+        let _ = rx.recv_timeout(left);
+    }
+}
+
+/// Append to an inbox through a hard link outside the bridge folder: the folder watch hears
+/// nothing, so only a judge that reads the file (drains it) finds these lines.
+fn append_silently(bridge: &Bridge, name: &str, bytes: &[u8]) {
+    let link = bridge.tmp.path().join(format!("{name}-link"));
+    std::fs::hard_link(bridge.inbox(name), &link).unwrap();
+    let mut file = OpenOptions::new().append(true).open(&link).unwrap();
+    file.write_all(bytes).unwrap();
+    drop(file);
+    std::fs::remove_file(&link).unwrap();
+}
+
+/// Stop a daemon with SIGTERM and check it exits 0.
+#[track_caller]
+fn stop(daemon: Daemon) {
+    stop_with(daemon, "TERM");
+}
+
+/// Stop a daemon with `signal` and check it exits 0.
+#[track_caller]
+fn stop_with(mut daemon: Daemon, signal: &str) {
+    daemon.signal(signal);
+    assert_eq!(
+        daemon.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "stderr:\n{}",
+        daemon.stderr.join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Generations while running.
+
+#[test]
+fn an_inbox_truncated_in_place_is_read_again_from_0_as_a_new_generation() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let old: String = (0..10)
+        .map(|i| note(&format!("01OLD{i:02}"), "web"))
+        .collect();
+    bridge.append_raw("web", old.as_bytes());
+    bridge.wait_for(PATIENCE, "the 10 old lines", |b| {
+        judged_in(b, "web", 0).len() == 10
+    });
+    assert_eq!(read_ids(&bridge, "web").len(), 10);
+
+    // Truncated in place, then 3 shorter lines.
+    let file = OpenOptions::new()
+        .write(true)
+        .open(bridge.inbox("web"))
+        .unwrap();
+    file.set_len(0).unwrap();
+    drop(file);
+    let new: String = (0..3).map(|i| note(&format!("01NEW{i}"), "web")).collect();
+    bridge.append_raw("web", new.as_bytes());
+    bridge.wait_for(PATIENCE, "the 3 new lines", |b| {
+        judged_in(b, "web", 1).len() == 3
+    });
+    barrier(&bridge);
+    let accepted = |offsets: Vec<u64>| -> Vec<(u64, String)> {
+        offsets.into_iter().map(|o| (o, "a".to_owned())).collect()
+    };
+    assert_eq!(
+        judged_in(&bridge, "web", 1),
+        accepted(starts(new.as_bytes()))
+    );
+    assert_eq!(
+        judged_in(&bridge, "web", 0),
+        accepted(starts(old.as_bytes()))
+    );
+    assert_eq!(marked_generations(&bridge, "web"), [0, 1]);
+    // Logged loudly.
+    daemon.expect_stderr("new generation", Duration::from_secs(5));
+    assert_eq!(read_ids(&bridge, "web"), ["01NEW0", "01NEW1", "01NEW2"]);
+
+    // Truncated again and written longer than before in one go: the size alone cannot tell,
+    // the bytes before the saved position do.
+    let file = OpenOptions::new()
+        .write(true)
+        .open(bridge.inbox("web"))
+        .unwrap();
+    file.set_len(0).unwrap();
+    drop(file);
+    let grown: String = (0..12)
+        .map(|i| note(&format!("01GROWN{i:02}"), "web"))
+        .collect();
+    bridge.append_raw("web", grown.as_bytes());
+    bridge.wait_for(PATIENCE, "the 12 lines of the third file", |b| {
+        judged_in(b, "web", 2).len() == 12
+    });
+    barrier(&bridge);
+    assert_eq!(
+        judged_in(&bridge, "web", 2),
+        accepted(starts(grown.as_bytes()))
+    );
+    assert_eq!(judged_in(&bridge, "web", 1).len(), 3);
+    assert_eq!(marked_generations(&bridge, "web"), [0, 1, 2]);
+    assert_judged_once(&bridge);
+    let ids = read_ids(&bridge, "web");
+    assert_eq!(ids.len(), 12, "{ids:?}");
+    assert!(ids.iter().all(|id| id.starts_with("01GROWN")), "{ids:?}");
+}
+
+#[test]
+fn an_inbox_replaced_by_rename_is_drained_then_read_from_0() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let first: String = (0..2)
+        .map(|i| note(&format!("01FIRST{i}"), "web"))
+        .collect();
+    bridge.append_raw("web", first.as_bytes());
+    bridge.wait_for(PATIENCE, "the first lines", |b| {
+        judged_in(b, "web", 0).len() == 2
+    });
+
+    // A new file is prepared in the folder; lines land in the old one just before the rename,
+    // written through a link outside the folder so that no event tells the judge of them:
+    // only draining the old file finds them.
+    let replacement: String = (0..3).map(|i| note(&format!("01REPL{i}"), "web")).collect();
+    let tmp = bridge.dir().join(".web-inbox.tmp");
+    std::fs::write(&tmp, &replacement).unwrap();
+    let late: String = (0..3).map(|i| note(&format!("01LATE{i}"), "web")).collect();
+    append_silently(&bridge, "web", late.as_bytes());
+    std::fs::rename(&tmp, bridge.inbox("web")).unwrap();
+
+    bridge.wait_for(PATIENCE, "the old file drained and the new one read", |b| {
+        judged_in(b, "web", 0).len() == 5 && judged_in(b, "web", 1).len() == 3
+    });
+    barrier(&bridge);
+    // Logged loudly.
+    daemon.expect_stderr("draining the old file", Duration::from_secs(5));
+    daemon.expect_stderr("new generation", Duration::from_secs(5));
+    let old = format!("{first}{late}");
+    let old_verdicts: Vec<(u64, String)> = starts(old.as_bytes())
+        .into_iter()
+        .map(|o| (o, "a".to_owned()))
+        .collect();
+    assert_eq!(judged_in(&bridge, "web", 0), old_verdicts);
+    let new_verdicts: Vec<(u64, String)> = starts(replacement.as_bytes())
+        .into_iter()
+        .map(|o| (o, "a".to_owned()))
+        .collect();
+    assert_eq!(judged_in(&bridge, "web", 1), new_verdicts);
+    assert_eq!(marked_generations(&bridge, "web"), [0, 1]);
+    assert_judged_once(&bridge);
+    assert_eq!(read_ids(&bridge, "web"), ["01REPL0", "01REPL1", "01REPL2"]);
+}
+
+#[test]
+fn an_inbox_deleted_and_recreated_is_drained_then_read_from_0() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let first: String = (0..2)
+        .map(|i| note(&format!("01FIRST{i}"), "web"))
+        .collect();
+    bridge.append_raw("web", first.as_bytes());
+    bridge.wait_for(PATIENCE, "the first lines", |b| {
+        judged_in(b, "web", 0).len() == 2
+    });
+
+    // Unread lines (written where no event tells of them), then the file is removed, then a
+    // new one is created with content.
+    let unread: String = (0..2)
+        .map(|i| note(&format!("01UNREAD{i}"), "web"))
+        .collect();
+    append_silently(&bridge, "web", unread.as_bytes());
+    std::fs::remove_file(bridge.inbox("web")).unwrap();
+    let again: String = (0..2)
+        .map(|i| note(&format!("01AGAIN{i}"), "web"))
+        .collect();
+    std::fs::write(bridge.inbox("web"), &again).unwrap();
+
+    bridge.wait_for(PATIENCE, "the old file drained and the new one read", |b| {
+        judged_in(b, "web", 0).len() == 4 && judged_in(b, "web", 1).len() == 2
+    });
+    barrier(&bridge);
+    // Logged loudly.
+    daemon.expect_stderr("draining the old file", Duration::from_secs(5));
+    daemon.expect_stderr("new generation", Duration::from_secs(5));
+    let old = format!("{first}{unread}");
+    let old_offsets: Vec<u64> = judged_in(&bridge, "web", 0)
+        .into_iter()
+        .map(|(o, _)| o)
+        .collect();
+    assert_eq!(old_offsets, starts(old.as_bytes()));
+    let new_offsets: Vec<u64> = judged_in(&bridge, "web", 1)
+        .into_iter()
+        .map(|(o, _)| o)
+        .collect();
+    assert_eq!(new_offsets, starts(again.as_bytes()));
+    assert!(judged(&bridge)
+        .iter()
+        .filter(|j| j.inbox == "web")
+        .all(|j| j.verdict == "a"));
+    assert_judged_once(&bridge);
+    assert_eq!(read_ids(&bridge, "web"), ["01AGAIN0", "01AGAIN1"]);
+
+    // Deleted again with nothing unread, recreated empty, written later.
+    std::fs::remove_file(bridge.inbox("web")).unwrap();
+    std::fs::write(bridge.inbox("web"), "").unwrap();
+    barrier(&bridge);
+    bridge.append_raw("web", note("01THIRD", "web").as_bytes());
+    bridge.wait_for(PATIENCE, "the third file's line", |b| {
+        judged_in(b, "web", 2) == [(0, "a".to_owned())]
+    });
+    assert_judged_once(&bridge);
+    assert_eq!(read_ids(&bridge, "web"), ["01THIRD"]);
+}
+
+#[test]
+fn inboxes_with_the_same_first_line_are_judged_independently() {
+    let bridge = Bridge::with_agents(&["web", "mobile", "design", "human"]);
+    let daemon = Daemon::start(&bridge, &[]);
+    // The same bytes open both files: accepted in web, misaddressed in mobile.
+    let same = note("01SAMEFIRST", "web");
+    bridge.append_raw("web", format!("{same}{}", note("01WEB1", "web")).as_bytes());
+    bridge.append_raw(
+        "mobile",
+        format!("{same}{}", note("01MOB1", "mobile")).as_bytes(),
+    );
+    bridge.wait_for(PATIENCE, "both files", |b| {
+        judged_in(b, "web", 0).len() == 2 && judged_in(b, "mobile", 0).len() == 2
+    });
+    let second = same.len() as u64;
+    assert_eq!(
+        judged_in(&bridge, "web", 0),
+        [(0, "a".to_owned()), (second, "a".to_owned())]
+    );
+    assert_eq!(
+        judged_in(&bridge, "mobile", 0),
+        [(0, "r".to_owned()), (second, "a".to_owned())]
+    );
+    let reason = judged(&bridge)
+        .into_iter()
+        .find(|j| j.inbox == "mobile" && j.offset == 0)
+        .unwrap()
+        .reason;
+    assert_eq!(reason.as_deref(), Some("misaddressed"));
+
+    // Across a restart each resumes from its own position.
+    stop(daemon);
+    bridge.append_raw("web", note("01WEB2", "web").as_bytes());
+    bridge.append_raw("mobile", note("01MOB2", "mobile").as_bytes());
+    let _daemon = Daemon::start(&bridge, &[]);
+    bridge.wait_for(PATIENCE, "both third lines", |b| {
+        judged_in(b, "web", 0).len() == 3 && judged_in(b, "mobile", 0).len() == 3
+    });
+    barrier(&bridge);
+    assert_eq!(marked_generations(&bridge, "web"), [0]);
+    assert_eq!(marked_generations(&bridge, "mobile"), [0]);
+    assert_judged_once(&bridge);
+    assert_eq!(
+        read_ids(&bridge, "web"),
+        ["01SAMEFIRST", "01WEB1", "01WEB2"]
+    );
+    assert_eq!(read_ids(&bridge, "mobile"), ["01MOB1", "01MOB2"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. A partial line across a SIGKILL.
+
+#[test]
+fn a_partial_line_completed_after_a_kill_is_judged_whole_once() {
+    let bridge = Bridge::with_agents(&["web", "mobile", "design", "human"]);
+    let daemon = Daemon::start(&bridge, &[]);
+    let whole = note("01WHOLE", "web");
+    let split = note("01SPLIT", "web");
+    let (head, tail) = split.split_at(split.len() / 2);
+    // One write: a complete line and half of the next.
+    bridge.append_raw("web", format!("{whole}{head}").as_bytes());
+    // mobile holds nothing but a fragment.
+    let alone = note("01ALONE", "mobile");
+    let (alone_head, alone_tail) = alone.split_at(alone.len() / 3);
+    bridge.append_raw("mobile", alone_head.as_bytes());
+    bridge.wait_for(PATIENCE, "the complete line", |b| {
+        !judged_in(b, "web", 0).is_empty()
+    });
+    barrier(&bridge);
+    assert_eq!(judged_in(&bridge, "web", 0), [(0, "a".to_owned())]);
+    assert!(judged_in(&bridge, "mobile", 0).is_empty());
+
+    daemon.kill();
+    bridge.append_raw("web", tail.as_bytes());
+    bridge.append_raw("mobile", alone_tail.as_bytes());
+    let _daemon = Daemon::start(&bridge, &[]);
+    bridge.wait_for(PATIENCE, "the completed lines", |b| {
+        judged_in(b, "web", 0).len() == 2 && !judged_in(b, "mobile", 0).is_empty()
+    });
+    barrier(&bridge);
+    assert_eq!(
+        judged_in(&bridge, "web", 0),
+        [(0, "a".to_owned()), (whole.len() as u64, "a".to_owned())]
+    );
+    assert_eq!(judged_in(&bridge, "mobile", 0), [(0, "a".to_owned())]);
+    assert_eq!(read_ids(&bridge, "web"), ["01WHOLE", "01SPLIT"]);
+    assert_eq!(read_ids(&bridge, "mobile"), ["01ALONE"]);
+
+    // While running, too: a fragment waits for its newline.
+    let more = note("01MORE", "web");
+    let (more_head, more_tail) = more.split_at(10);
+    let at = std::fs::metadata(bridge.inbox("web")).unwrap().len();
+    bridge.append_raw("web", more_head.as_bytes());
+    barrier(&bridge);
+    assert_eq!(judged_in(&bridge, "web", 0).len(), 2);
+    bridge.append_raw("web", more_tail.as_bytes());
+    bridge.wait_for(PATIENCE, "the completed line", |b| {
+        judged_in(b, "web", 0).len() == 3
+    });
+    assert_eq!(judged_in(&bridge, "web", 0)[2], (at, "a".to_owned()));
+    assert_judged_once(&bridge);
+    assert!(judged(&bridge).iter().all(|j| j.verdict == "a"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Inboxes created while the daemon runs.
+
+#[test]
+fn an_inbox_created_and_written_in_one_go_is_judged() {
+    let bridge = Bridge::with_agents(&["design", "human"]);
+    let _daemon = Daemon::start(&bridge, &[]);
+    std::fs::write(bridge.inbox("late"), note("01LATE", "late")).unwrap();
+    // Moved into the folder whole: no create or write event, only the rename.
+    let outside = bridge.tmp.path().join("moved-inbox.jsonl");
+    std::fs::write(&outside, note("01MOVED", "moved")).unwrap();
+    std::fs::rename(&outside, bridge.inbox("moved")).unwrap();
+    bridge.wait_for(PATIENCE, "the late inboxes' lines", |b| {
+        judged_in(b, "late", 0) == [(0, "a".to_owned())]
+            && judged_in(b, "moved", 0) == [(0, "a".to_owned())]
+    });
+    assert_eq!(read_ids(&bridge, "late"), ["01LATE"]);
+    assert_eq!(read_ids(&bridge, "moved"), ["01MOVED"]);
+    assert_judged_once(&bridge);
+}
+
+#[test]
+fn a_hundred_inboxes_created_in_bursts_around_the_start_are_all_judged() {
+    let bridge = Bridge::with_agents(&["design", "human"]);
+    // One burst races the daemon's start (its first sweep and its watch)...
+    let dir = bridge.dir();
+    let racing = std::thread::spawn(move || {
+        for i in 0..50 {
+            let name = format!("race{i:02}");
+            std::fs::write(
+                dir.join(format!("{name}-inbox.jsonl")),
+                note(&format!("01RACE{i:02}"), &name),
+            )
+            .unwrap();
+        }
+    });
+    let _daemon = Daemon::start(&bridge, &[]);
+    racing.join().unwrap();
+    // ...and one follows it at once.
+    for i in 0..50 {
+        let name = format!("burst{i:02}");
+        std::fs::write(bridge.inbox(&name), note(&format!("01BURST{i:02}"), &name)).unwrap();
+    }
+    let names: Vec<String> = (0..50)
+        .flat_map(|i| [format!("race{i:02}"), format!("burst{i:02}")])
+        .collect();
+    bridge.wait_for(PATIENCE, "a verdict in each of the 100 inboxes", |b| {
+        let judged = judged(b);
+        names
+            .iter()
+            .all(|name| judged.iter().any(|j| &j.inbox == name))
+    });
+    barrier(&bridge);
+    for name in &names {
+        assert_eq!(judged_in(&bridge, name, 0), [(0, "a".to_owned())], "{name}");
+    }
+    assert_judged_once(&bridge);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Inboxes that are not regular files.
+
+#[test]
+fn a_symlinked_inbox_is_refused_never_followed() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let outside = bridge.tmp.path().join("outside.jsonl");
+    std::fs::write(&outside, note("01VIALINK", "x")).unwrap();
+    std::os::unix::fs::symlink(&outside, bridge.inbox("x")).unwrap();
+    let daemon = Daemon::start(&bridge, &[]);
+    // Another one appears while the daemon runs, and a FIFO too (a naive open would block).
+    let outside_y = bridge.tmp.path().join("outside-y.jsonl");
+    std::fs::write(&outside_y, note("01VIALINKY", "y")).unwrap();
+    std::os::unix::fs::symlink(&outside_y, bridge.inbox("y")).unwrap();
+    let mkfifo = std::process::Command::new("mkfifo")
+        .arg(bridge.inbox("f"))
+        .status()
+        .unwrap();
+    assert!(mkfifo.success());
+    // Written to through the link's target: still nothing to judge.
+    {
+        let mut file = OpenOptions::new().append(true).open(&outside).unwrap();
+        file.write_all(note("01VIALINK2", "x").as_bytes()).unwrap();
+    }
+    bridge.append_raw("web", note("01REAL", "web").as_bytes());
+    bridge.wait_for(PATIENCE, "the real inbox's line", |b| {
+        judged_in(b, "web", 0).len() == 1
+    });
+    barrier(&bridge);
+    let touched: Vec<serde_json::Value> = records(&bridge)
+        .into_iter()
+        .filter(|r| ["x", "y", "f"].iter().any(|n| r["in"] == *n))
+        .collect();
+    assert!(touched.is_empty(), "{touched:?}");
+    assert_eq!(
+        judged_in(&bridge, "web", 0),
+        [(0, "a".to_owned())],
+        "daemon stderr:\n{}",
+        daemon.stderr.join("\n")
+    );
+
+    let status = bridge.doorbell(&["status"]);
+    status.ok();
+    for name in ["x", "y", "f"] {
+        let warning = format!("{name}-inbox.jsonl is not a regular file and is refused");
+        assert!(status.stderr.contains(&warning), "{}", status.stderr);
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(bridge.doorbell(&["status", "--json"]).ok()).unwrap();
+    let warnings = json["warnings"].to_string();
+    assert!(warnings.contains("x-inbox.jsonl"), "{warnings}");
+
+    let before = std::fs::read(&outside).unwrap();
+    let send = bridge.doorbell(&["send", "--to", "x", "--from", "design", "hello"]);
+    assert_eq!(send.code, 2, "{send:?}");
+    assert!(
+        send.stderr.contains("not a regular file"),
+        "{}",
+        send.stderr
+    );
+    let script = bridge.script(&["--to", "x", "--from", "design", "hello"], None);
+    assert_eq!(script.code, 2, "{script:?}");
+    assert_eq!(std::fs::read(&outside).unwrap(), before);
+    assert!(std::fs::symlink_metadata(bridge.inbox("x"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    barrier(&bridge);
+    assert!(records(&bridge).iter().all(|r| r["in"] != "x"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. A corrupt checkpoint.
+
+/// Traffic with a refusal and its notice, stop, damage the checkpoint, restart: nothing is
+/// judged or told twice and new lines still flow.
+fn survives_a_corrupt_checkpoint(damage: impl FnOnce(&Path)) {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let daemon = Daemon::start(&bridge, &[]);
+    for i in 0..3 {
+        bridge
+            .doorbell(&[
+                "send",
+                "--to",
+                "web",
+                "--from",
+                "design",
+                &format!("hello {i}"),
+            ])
+            .ok();
+    }
+    // Refused (a response that answers nothing): design hears of it.
+    bridge.append_raw(
+        "web",
+        format!(
+            "{}\n",
+            line(
+                "01BADRESP",
+                "design",
+                "web",
+                "response",
+                r#","state":"completed""#
+            )
+        )
+        .as_bytes(),
+    );
+    bridge.wait_for(PATIENCE, "everything judged, the notice too", |b| {
+        notices_naming(b, "01BADRESP") == 1 && all_judged(b)
+    });
+    stop(daemon);
+    let state = bridge.dir().join(".doorbell");
+    assert!(state.join("checkpoint.json").exists());
+    assert!(state.join("checkpoint.prev.json").exists());
+    let before = assert_judged_once(&bridge);
+    let refused_before = std::fs::read_to_string(state.join("refused.jsonl")).unwrap();
+
+    damage(&state);
+
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let said = daemon.expect_stderr("checkpoint", Duration::from_secs(5));
+    assert!(said.contains("not using it"), "{said}");
+    let ready = daemon.expect_stderr("doorbell: judging", Duration::from_secs(5));
+    assert!(ready.contains("0 lines caught up"), "{ready}");
+    let id = bridge
+        .doorbell(&["send", "--to", "web", "--from", "design", "after"])
+        .ok()
+        .trim()
+        .to_owned();
+    bridge.wait_for(PATIENCE, "the new line", |b| {
+        verdict_keys(b).len() == before.len() + 1
+    });
+    barrier(&bridge);
+    let after = assert_judged_once(&bridge);
+    assert!(before.keys().all(|k| after.contains_key(k)));
+    assert_eq!(
+        after.len(),
+        before.len() + 2,
+        "the new line and the barrier"
+    );
+    assert_eq!(notices(&bridge).len(), 1);
+    assert_eq!(
+        std::fs::read_to_string(state.join("refused.jsonl")).unwrap(),
+        refused_before
+    );
+    assert!(read_ids(&bridge, "web").contains(&id));
+    stop(daemon);
+}
+
+#[test]
+fn a_garbage_checkpoint_falls_back_to_the_previous_one() {
+    survives_a_corrupt_checkpoint(|state| {
+        std::fs::write(state.join("checkpoint.json"), b"\0\xffnot a checkpoint{{{").unwrap();
+    });
+}
+
+#[test]
+fn garbage_in_both_checkpoints_means_a_full_replay() {
+    survives_a_corrupt_checkpoint(|state| {
+        // A torn copy of itself, and garbage in the previous one.
+        let path = state.join("checkpoint.json");
+        let good = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &good[..good.len() / 2]).unwrap();
+        std::fs::write(state.join("checkpoint.prev.json"), b"garbage").unwrap();
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. One judge; a clean stop; a restart emits nothing twice.
+
+#[test]
+fn a_second_daemon_exits_3_and_a_restart_emits_nothing_twice() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let pid = daemon.child.id().to_string();
+
+    let second = run_within(bridge.command(&["daemon"]), Duration::from_secs(15));
+    assert_eq!(second.code, 3, "{second:?}");
+    let names_pid = second
+        .stderr
+        .split(|c: char| !c.is_ascii_digit())
+        .any(|n| n == pid);
+    assert!(names_pid, "pid {pid} not named: {}", second.stderr);
+    let once = run_within(
+        bridge.command(&["daemon", "--once"]),
+        Duration::from_secs(15),
+    );
+    assert_eq!(once.code, 3, "{once:?}");
+    assert!(once.stderr.contains(&pid), "{}", once.stderr);
+    let lock = std::fs::read_to_string(bridge.dir().join(".doorbell/lock")).unwrap();
+    assert!(lock.contains(&pid), "{lock}");
+    assert!(
+        daemon.child.try_wait().unwrap().is_none(),
+        "the first daemon stopped"
+    );
+
+    // Traffic, a refusal and its notice; then quiet.
+    bridge
+        .doorbell(&[
+            "send", "--to", "web", "--from", "design", "--kind", "request", "q?",
+        ])
+        .ok();
+    refuse(&bridge, "01NOCORR1");
+    bridge.wait_for(PATIENCE, "everything judged, the notice too", |b| {
+        notices_naming(b, "01NOCORR1") == 1 && all_judged(b)
+    });
+    let before = assert_judged_once(&bridge);
+
+    let asked = Instant::now();
+    daemon.signal("TERM");
+    let code = daemon.wait_exit(Duration::from_secs(10));
+    let took = asked.elapsed();
+    assert_eq!(code, Some(0), "stderr:\n{}", daemon.stderr.join("\n"));
+    assert!(took <= Duration::from_secs(2), "SIGTERM took {took:?}");
+    drop(daemon);
+
+    let daemon = Daemon::start(&bridge, &[]);
+    // Once the restarted judge has judged a new line, anything it meant to re-emit is out.
+    barrier(&bridge);
+    let after = assert_judged_once(&bridge);
+    assert!(before.keys().all(|k| after.contains_key(k)));
+    assert_eq!(after.len(), before.len() + 1, "only the barrier is new");
+    assert_eq!(notices(&bridge).len(), 1);
+
+    // Stopped (SIGINT this time) inside a notice window: the stop writes the notice and does
+    // not read it back; the next start reads it and writes nothing again.
+    let at = refuse(&bridge, "01NOCORR2");
+    bridge.wait_for(PATIENCE, "the second refusal journaled", |b| {
+        judged_in(b, "web", 0).iter().any(|(o, _)| *o == at)
+    });
+    let asked = Instant::now();
+    stop_with(daemon, "INT");
+    assert!(
+        asked.elapsed() <= Duration::from_secs(2),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(notices_naming(&bridge, "01NOCORR2"), 1);
+    let daemon = Daemon::start(&bridge, &[]);
+    barrier(&bridge);
+    bridge.wait_for(PATIENCE, "everything judged", all_judged);
+
+    // Killed right after a refusal is journaled, before its notice window closed.
+    let at = refuse(&bridge, "01NOCORR3");
+    bridge.wait_for(PATIENCE, "the third refusal journaled", |b| {
+        judged_in(b, "web", 0).iter().any(|(o, _)| *o == at)
+    });
+    daemon.kill();
+    let daemon = Daemon::start(&bridge, &[]);
+    bridge.wait_for(PATIENCE, "the third notice judged", |b| {
+        notices_naming(b, "01NOCORR3") == 1 && all_judged(b)
+    });
+
+    // Killed right after a notice is written, perhaps before it is read back.
+    refuse(&bridge, "01NOCORR4");
+    bridge.wait_for(PATIENCE, "the fourth notice written", |b| {
+        notices_naming(b, "01NOCORR4") == 1
+    });
+    daemon.kill();
+    let daemon = Daemon::start(&bridge, &[]);
+    barrier(&bridge);
+    bridge.wait_for(PATIENCE, "everything judged", all_judged);
+
+    assert_judged_once(&bridge);
+    for id in ["01NOCORR1", "01NOCORR2", "01NOCORR3", "01NOCORR4"] {
+        assert_eq!(notices_naming(&bridge, id), 1, "{id}");
+    }
+    let ids: Vec<String> = notices(&bridge)
+        .iter()
+        .map(|n| n["id"].as_str().unwrap().to_owned())
+        .collect();
+    let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len(), "{ids:?}");
+    let refused = std::fs::read_to_string(bridge.dir().join(".doorbell/refused.jsonl")).unwrap();
+    assert_eq!(refused.lines().count(), 4, "{refused}");
+    stop(daemon);
+}
+
+/// Append to web a response from design that answers nothing (refused, design is told);
+/// returns where it starts.
+fn refuse(bridge: &Bridge, id: &str) -> u64 {
+    let at = std::fs::metadata(bridge.inbox("web")).unwrap().len();
+    let bad = line(id, "design", "web", "response", r#","state":"completed""#);
+    bridge.append_raw("web", format!("{bad}\n").as_bytes());
+    at
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. SIGHUP with a broken config.
+
+#[test]
+fn sighup_with_a_broken_config_keeps_the_old_one_and_keeps_judging() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let config = bridge.tmp.path().join("doorbell.toml");
+    let config_arg = config.to_str().unwrap().to_owned();
+    std::fs::write(&config, "human = \"human\"\n\n[[loop]]\nname = \"ci\"\n").unwrap();
+    let mut daemon = Daemon::start(&bridge, &["--config", &config_arg]);
+    let from = |id: &str, sender: &str| format!("{}\n", line(id, sender, "web", "note", ""));
+
+    // Broken: an unknown key. Were it applied, the loop `ci` would become `ci2`.
+    std::fs::write(
+        &config,
+        "human = \"human\"\ncolour = \"blue\"\n\n[[loop]]\nname = \"ci2\"\n",
+    )
+    .unwrap();
+    daemon.signal("HUP");
+    let said = daemon.expect_stderr("config not reloaded", Duration::from_secs(10));
+    // One log line names the key and the file: journald keeps lines apart.
+    assert!(
+        said.contains("colour") && said.contains(&config_arg),
+        "{said}\nall of stderr:\n{}",
+        daemon.stderr.join("\n")
+    );
+    assert!(
+        daemon.child.try_wait().unwrap().is_none(),
+        "the daemon stopped"
+    );
+    let id = bridge
+        .doorbell(&["send", "--to", "web", "--from", "design", "still there?"])
+        .ok()
+        .trim()
+        .to_owned();
+    bridge.append_raw("web", from("01FROMCI1", "ci").as_bytes());
+    bridge.append_raw("web", from("01FROMCI2A", "ci2").as_bytes());
+    bridge.wait_for(PATIENCE, "the three lines", |b| {
+        judged_in(b, "web", 0).len() == 3
+    });
+    assert_eq!(verdict_of(&bridge, "web", &id), ("a".into(), None));
+    assert_eq!(verdict_of(&bridge, "web", "01FROMCI1"), ("a".into(), None));
+    assert_eq!(
+        verdict_of(&bridge, "web", "01FROMCI2A"),
+        ("r".into(), Some("unknown-sender".into()))
+    );
+    assert_eq!(read_ids(&bridge, "web"), [id.as_str(), "01FROMCI1"]);
+
+    // Fixed: the reload applies to lines judged from now on; earlier verdicts stand.
+    std::fs::write(&config, "human = \"human\"\n\n[[loop]]\nname = \"ci2\"\n").unwrap();
+    daemon.signal("HUP");
+    daemon.expect_stderr("config reloaded", Duration::from_secs(10));
+    bridge.append_raw("web", from("01FROMCI2B", "ci2").as_bytes());
+    bridge.append_raw("web", from("01FROMCI1B", "ci").as_bytes());
+    bridge.wait_for(PATIENCE, "the two new lines", |b| {
+        judged_in(b, "web", 0).len() == 5
+    });
+    assert_eq!(verdict_of(&bridge, "web", "01FROMCI2B"), ("a".into(), None));
+    assert_eq!(
+        verdict_of(&bridge, "web", "01FROMCI1B"),
+        ("r".into(), Some("unknown-sender".into()))
+    );
+    assert_eq!(verdict_of(&bridge, "web", "01FROMCI1"), ("a".into(), None));
+    assert_eq!(read_ids(&bridge, "web"), ["01FROMCI2B"]);
+    assert_judged_once(&bridge);
+    stop(daemon);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. The hook.
+
+#[test]
+fn the_hook_runs_with_a_clean_environment_and_no_message_text() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let out = bridge.tmp.path().join("hook.env");
+    let config = bridge.tmp.path().join("doorbell.toml");
+    let script = format!(
+        "env > '{0}.tmp' && mv '{0}.tmp' '{0}'",
+        out.to_str().unwrap()
+    );
+    std::fs::write(
+        &config,
+        format!(
+            "[[agent]]\nname = \"web\"\nhook = [\"sh\", \"-c\", {}]\n",
+            serde_json::to_string(&script).unwrap()
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&bridge, &["--config", config.to_str().unwrap()]);
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let id = bridge
+            .doorbell(&[
+                "send",
+                "--to",
+                "web",
+                "--from",
+                "design",
+                &format!("SECRETTEXT{i} do rm -rf"),
+            ])
+            .ok()
+            .trim()
+            .to_owned();
+        ids.push(id);
+    }
+    wait_for_file(&out, PATIENCE);
+    let env = std::fs::read_to_string(&out).unwrap();
+    let vars: BTreeMap<&str, &str> = env.lines().filter_map(|l| l.split_once('=')).collect();
+    assert_eq!(vars.get("DOORBELL_AGENT"), Some(&"web"), "{env}");
+    let count: u64 = vars["DOORBELL_COUNT"].parse().unwrap();
+    assert!((1..=5).contains(&count), "{env}");
+    assert!(
+        ids.iter()
+            .any(|id| vars.get("DOORBELL_ID") == Some(&id.as_str())),
+        "{env}"
+    );
+    assert_eq!(vars.get("DOORBELL_FROM"), Some(&"design"), "{env}");
+    assert_eq!(vars.get("DOORBELL_KIND"), Some(&"note"), "{env}");
+    let home = bridge.tmp.path().join("home");
+    assert_eq!(vars.get("HOME").map(PathBuf::from), Some(home), "{env}");
+    assert!(vars.contains_key("PATH"), "{env}");
+    assert!(!env.contains("SECRETTEXT"), "message text leaked: {env}");
+    let allowed = ["PATH", "HOME", "PWD", "SHLVL", "_", "OLDPWD"];
+    let foreign: Vec<&&str> = vars
+        .keys()
+        .filter(|k| !allowed.contains(k) && !k.starts_with("DOORBELL_"))
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "unexpected variables {foreign:?}:\n{env}"
+    );
+    // The daemon's own environment had more (the bridge folder, the locale, XDG folders).
+    assert!(
+        !vars.contains_key("DOORBELL_DIR") && !vars.contains_key("LC_ALL"),
+        "{env}"
+    );
+    stop(daemon);
 }

@@ -10,3 +10,4 @@ mod read;
 mod script;
 mod send;
 mod senders;
+mod torture;

@@ -83,7 +83,8 @@ impl Bridge {
         self.dir().join(format!("{name}-inbox.jsonl"))
     }
 
-    fn env(&self, command: &mut Command) {
+    /// Give `command` the bridge's clean environment (for commands run through a wrapper).
+    pub fn env(&self, command: &mut Command) {
         command
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -229,7 +230,12 @@ impl Daemon {
     pub fn start(bridge: &Bridge, extra: &[&str]) -> Daemon {
         let mut args = vec!["daemon"];
         args.extend_from_slice(extra);
-        let mut command = bridge.command(&args);
+        Daemon::spawn(bridge.command(&args))
+    }
+
+    /// Start a prepared daemon command (e.g. one run through `sh -c 'ulimit ...; exec ...'`)
+    /// and wait (up to 30 s) until it says it is judging.
+    pub fn spawn(mut command: Command) -> Daemon {
         command
             .env("DOORBELL_LOG", "info")
             .stdin(Stdio::null())
@@ -274,8 +280,8 @@ impl Daemon {
                         return line;
                     }
                 }
-                Err(_) => panic!(
-                    "daemon never said {needle:?} within {timeout:?}; stderr:\n{}",
+                Err(error) => panic!(
+                    "daemon never said {needle:?} within {timeout:?} ({error}); stderr:\n{}",
                     self.stderr.join("\n")
                 ),
             }
@@ -308,6 +314,19 @@ impl Daemon {
             );
             // Pacing the exit check of a child process; there is no event for it here.
             std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// After the daemon exited: every stderr line it wrote, waiting (up to `timeout`) for the
+    /// pipe to close.
+    pub fn finish_stderr(&mut self, timeout: std::time::Duration) -> &[String] {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.stderr.push(line),
+                Err(_) => return &self.stderr,
+            }
         }
     }
 
