@@ -44,6 +44,8 @@ pub enum Command {
     Wait(WaitArgs),
     /// Per agent: unread, owes, is owed, last activity; the judge; refusals; warnings
     Status(StatusArgs),
+    /// The stalled-request report: what is stuck and who owes whom
+    Report(ReportArgs),
     /// Apply the stateless rules to every line of inbox files, offline
     Check(CheckArgs),
     /// Run the judge in the foreground: tail every inbox, judge, notify (systemd runs this)
@@ -194,6 +196,31 @@ pub struct WaitArgs {
     pub json: bool,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReportFormat {
+    Text,
+    Markdown,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The window: a duration back from now (24h) or an RFC 3339 time (default: since the
+    /// last daily report, else 24 h)
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// text for a terminal, markdown for files, json for machines (default: text, or markdown
+    /// with --out)
+    #[arg(long, value_enum)]
+    pub format: Option<ReportFormat>,
+    /// Write the report to this file (atomically) instead of stdout
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<std::path::PathBuf>,
+    /// Write reports/<local date>.md and post its summary to the human station, once
+    #[arg(long)]
+    pub daily: bool,
+}
+
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// One JSON document
@@ -250,6 +277,7 @@ impl Cli {
             Command::Watch(args) => crate::watch::run(&session, &args),
             Command::Wait(args) => crate::wait::run(&session, &args),
             Command::Status(args) => crate::status::run(&session, &args),
+            Command::Report(args) => crate::report::run(&session, &args),
             Command::Daemon(args) if args.once => crate::session::daemon_once(&session),
             Command::Daemon(_) => crate::daemon::run(&session, self.config.as_deref()),
             Command::Agent(AgentCommand::Add { name }) => crate::agent::add(&session, &name),

@@ -10,6 +10,7 @@ mod exit;
 mod output;
 mod read;
 mod reply;
+mod report;
 mod send;
 mod session;
 mod show;

@@ -173,6 +173,9 @@ pub struct Request {
     /// Rings written over the request's whole life.
     #[serde(rename = "rt", default)]
     pub rings_total: u32,
+    /// Where the request's line is: the addressee's inbox generation and offset.
+    #[serde(rename = "at", default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<(u32, u64)>,
 }
 
 impl Request {
@@ -488,6 +491,7 @@ impl Ledger {
                         last_ring_at: None,
                         escalated: false,
                         rings_total: 0,
+                        location: None,
                     },
                 );
             }
@@ -533,6 +537,13 @@ impl Ledger {
                 request.last_ring_at = Some(at);
             }
             crate::debts::Due::Escalate => request.escalated = true,
+        }
+    }
+
+    /// Record where request `id`'s line is in its addressee's inbox.
+    pub fn locate(&mut self, id: &str, gen: u32, offset: u64) {
+        if let Some(request) = self.requests.get_mut(id) {
+            request.location = Some((gen, offset));
         }
     }
 

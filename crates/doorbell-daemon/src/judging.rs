@@ -26,6 +26,8 @@ pub enum Input {
     Inbox(String),
     /// Events were lost: read every inbox to its end.
     Rescan,
+    /// A daily report was written: announce it.
+    Reports,
     /// Use this (validated) config for lines judged from now on.
     Reload(Config),
     /// Write what is due, checkpoint, and return.
@@ -54,7 +56,15 @@ pub fn run(
     let mut notice_due: Option<Instant> = None;
     let mut checkpoint_due: Option<Instant> = None;
     loop {
-        let due = [notice_due, checkpoint_due].into_iter().flatten().min();
+        // The doorbell's next ring, on the judge's clock, as a deadline on this thread's.
+        let ring_due = judge.next_due().map(|at| {
+            let wait = (at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+            Instant::now() + wait
+        });
+        let due = [notice_due, checkpoint_due, ring_due]
+            .into_iter()
+            .flatten()
+            .min();
         let first = match due {
             Some(due) => match inputs.recv_timeout(due.saturating_duration_since(Instant::now())) {
                 Ok(input) => Some(input),
@@ -66,12 +76,14 @@ pub fn run(
         let mut dirty = BTreeSet::new();
         let mut rescan = false;
         let mut stop = false;
+        let mut announce_reports = false;
         let mut take = |input: Input, judge: &mut Judge| -> doorbell_store::Result<()> {
             match input {
                 Input::Inbox(name) => {
                     dirty.insert(name);
                 }
                 Input::Rescan => rescan = true,
+                Input::Reports => announce_reports = true,
                 Input::Reload(config) => judge.set_config(config)?,
                 Input::Stop => stop = true,
             }
@@ -111,7 +123,8 @@ pub fn run(
             notice_due.get_or_insert_with(|| Instant::now() + NOTICE_WINDOW);
         }
         let now_instant = Instant::now();
-        if notice_due.is_some_and(|due| due <= now_instant) {
+        let ringing = ring_due.is_some_and(|due| due <= now_instant);
+        if announce_reports || ringing || notice_due.is_some_and(|due| due <= now_instant) {
             notice_due = None;
             let mut stats = CatchUp::default();
             // The notices come back as file events and are judged then.

@@ -4,6 +4,7 @@
 //! watcher error becomes a full sweep. The daemon's own reads (open/close events) are
 //! ignored, or it would wake itself forever.
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::sync::mpsc::Sender;
 
@@ -24,12 +25,24 @@ pub fn watch(dir: &Path, inputs: Sender<Input>) -> Result<RecommendedWatcher, Er
         dir: dir.to_path_buf(),
         source,
     })?;
-    watcher
-        .watch(dir, RecursiveMode::NonRecursive)
-        .map_err(|source| Error::Watch {
-            dir: dir.to_path_buf(),
-            source,
+    // The bridge folder for inboxes, and `reports/` for daily reports to announce.
+    let reports = dir.join(doorbell_store::reports::REPORTS_DIR);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&reports)
+        .map_err(|e| Error::Watch {
+            dir: reports.clone(),
+            source: notify::Error::io(e),
         })?;
+    for folder in [dir, reports.as_path()] {
+        watcher
+            .watch(folder, RecursiveMode::NonRecursive)
+            .map_err(|source| Error::Watch {
+                dir: folder.to_path_buf(),
+                source,
+            })?;
+    }
     Ok(watcher)
 }
 
@@ -52,9 +65,18 @@ pub fn hints(event: notify::Result<notify::Event>) -> Vec<Input> {
     event
         .paths
         .iter()
-        .filter_map(|path| path.file_name()?.to_str())
-        .filter_map(inbox_name)
-        .map(|name| Input::Inbox(name.to_owned()))
+        .filter_map(|path| {
+            let name = path.file_name()?.to_str()?;
+            let in_reports = path
+                .parent()
+                .and_then(Path::file_name)
+                .is_some_and(|p| p == doorbell_store::reports::REPORTS_DIR);
+            if in_reports {
+                let report = Path::new(name).extension().is_some_and(|e| e == "md");
+                return report.then_some(Input::Reports);
+            }
+            inbox_name(name).map(|name| Input::Inbox(name.to_owned()))
+        })
         .collect()
 }
 

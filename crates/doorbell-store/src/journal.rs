@@ -14,6 +14,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
+use doorbell_core::debts::Due;
 use doorbell_core::notice::{refusal_key, RefusedLine};
 use doorbell_core::{Accepted, Ledger, RefusalReason};
 use serde::{Deserialize, Serialize};
@@ -86,6 +87,21 @@ pub struct Record {
     /// The refusals an intent's notice names, as `inbox/gen/offset` keys.
     #[serde(rename = "cv", default, skip_serializing_if = "Vec::is_empty")]
     pub covers: Vec<String>,
+    /// A ring or escalation intent: which request, epoch and ring (0: the escalation).
+    #[serde(rename = "rg", default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<RingRef>,
+}
+
+/// What a ring intent is about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingRef {
+    #[serde(rename = "rq")]
+    pub request: String,
+    #[serde(rename = "ep")]
+    pub epoch: u32,
+    /// The ring's number, from 1; 0 for the escalation.
+    #[serde(rename = "n")]
+    pub ring: u32,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
@@ -115,6 +131,7 @@ impl Record {
             tell: false,
             write: None,
             covers: Vec::new(),
+            ring: None,
         }
     }
 
@@ -238,6 +255,14 @@ impl Snapshot {
     /// Apply one record, in journal order.
     pub fn apply(&mut self, record: Record) {
         if record.verdict == Word::Intent {
+            if let Some(ring) = &record.ring {
+                let due = match ring.ring {
+                    0 => Due::Escalate,
+                    n => Due::Ring(n),
+                };
+                let at = DateTime::from_timestamp_millis(record.seen_at).unwrap_or_default();
+                self.ledger.rang(&ring.request, ring.epoch, due, at);
+            }
             if let (Some(id), Some(line)) = (record.id, record.write) {
                 for key in &record.covers {
                     self.untold.remove(key);
@@ -271,7 +296,12 @@ impl Snapshot {
                     if !self.intents.is_empty() {
                         self.intents.remove(&line.id);
                     }
+                    let request =
+                        (line.kind == doorbell_core::Kind::Request).then(|| line.id.clone());
                     self.ledger.apply(line, seen_at);
+                    if let Some(id) = request {
+                        self.ledger.locate(&id, record.gen, record.offset);
+                    }
                 }
             }
             Word::Refused => {

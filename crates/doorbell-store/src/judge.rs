@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use doorbell_core::debts::{escalation_note, next_due, ring_note, Due, Schedule};
 use doorbell_core::notice::{refusal_notice, RefusedLine, MAX_PER_NOTICE};
 use doorbell_core::{
     is_agent_name, judge_line, Accepted, Kind, Limits, Refusal, RefusalReason, Registry, Verdict,
@@ -28,7 +29,7 @@ use doorbell_core::{
 
 use crate::append::{append_line, open_inbox};
 use crate::hash::Marker;
-use crate::journal::{journal_path, JournalWriter, Record, Snapshot, Word};
+use crate::journal::{journal_path, JournalWriter, Record, RingRef, Snapshot, Word};
 use crate::reader::{Line, LineReader};
 use crate::refused::RefusedLog;
 use crate::{Bridge, BridgeLock, Error, Result};
@@ -296,6 +297,8 @@ impl Judge {
                 self.snapshot.apply(record);
             }
         }
+        self.intend_rings(now)?;
+        self.intend_reports(now)?;
         // The intents are in the journal before any line is written.
         self.journal.flush()?;
         let pending: Vec<(String, crate::journal::Intent)> = self
@@ -319,6 +322,98 @@ impl Judge {
             }
         }
         Ok(targets.into_iter().collect())
+    }
+
+    fn schedule(&self) -> Schedule {
+        let debts = &self.bridge.config.debts;
+        Schedule {
+            ring_after: debts.ring_after,
+            backoff: debts.backoff,
+            max_rings: debts.max_rings,
+        }
+    }
+
+    /// Everything the doorbell will ring or escalate, with when: only for debts whose
+    /// recipient has an inbox (an agent without one cannot be rung; `status` warns of it).
+    fn due_items(&self) -> Vec<(String, DateTime<Utc>, Due)> {
+        let schedule = self.schedule();
+        let human = &self.bridge.config.human;
+        self.snapshot
+            .ledger
+            .requests()
+            .filter(|r| r.is_open())
+            .filter_map(|r| {
+                let (at, due) = next_due(r, &schedule, human)?;
+                let to = match due {
+                    Due::Ring(_) => r.debtor(),
+                    Due::Escalate => human.as_str(),
+                };
+                self.inbox_names
+                    .contains(to)
+                    .then(|| (r.id.clone(), at, due))
+            })
+            .collect()
+    }
+
+    /// When the doorbell next has something to ring or escalate, if ever.
+    #[must_use]
+    pub fn next_due(&self) -> Option<DateTime<Utc>> {
+        self.due_items().into_iter().map(|(_, at, _)| at).min()
+    }
+
+    /// Journal the intent of every ring and escalation due at `now`: at most one per debt, so
+    /// after a downtime each debt gets one late ring, not a burst.
+    fn intend_rings(&mut self, now: DateTime<Utc>) -> Result<()> {
+        let max_rings = self.bridge.config.debts.max_rings;
+        let human = self.bridge.config.human.clone();
+        for (id, at, due) in self.due_items() {
+            if at > now {
+                continue;
+            }
+            let request = self
+                .snapshot
+                .ledger
+                .request(&id)
+                .expect("listed just now")
+                .clone();
+            let (notice, ring) = match due {
+                Due::Ring(n) => (ring_note(&request, n, max_rings, now), n),
+                Due::Escalate => (escalation_note(&request, &human, now), 0),
+            };
+            let mut record = Record::new(&notice.to, 0, 0, Word::Intent, now.timestamp_millis());
+            record.id = Some(notice.id);
+            record.write = Some(notice.line);
+            record.ring = Some(RingRef {
+                request: id,
+                epoch: request.epoch,
+                ring,
+            });
+            self.journal.append(&record)?;
+            self.snapshot.apply(record);
+        }
+        Ok(())
+    }
+
+    /// Journal the intent of the note that announces each daily report not yet announced.
+    fn intend_reports(&mut self, now: DateTime<Utc>) -> Result<()> {
+        let human = self.bridge.config.human.clone();
+        if !self.inbox_names.contains(&human) {
+            return Ok(());
+        }
+        for (date, path) in crate::reports::daily_reports(&self.bridge)? {
+            let id = crate::reports::note_id(&date);
+            if self.snapshot.own_ids.contains(&id) {
+                continue;
+            }
+            let summary = crate::reports::summary_of(&path).unwrap_or_default();
+            let line = crate::reports::note_line(&id, &human, &date, &path, &summary, now);
+            let mut record = Record::new(&human, 0, 0, Word::Intent, now.timestamp_millis());
+            record.id = Some(id);
+            record.write = Some(line);
+            self.journal.append(&record)?;
+            self.snapshot.apply(record);
+        }
+        Ok(())
     }
 
     /// Make everything judged so far durable and save a checkpoint of it.

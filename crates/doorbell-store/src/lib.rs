@@ -19,6 +19,7 @@ pub mod judge;
 pub mod lock;
 pub mod reader;
 pub mod refused;
+pub mod reports;
 
 pub use bridge::Bridge;
 pub use config::Config;

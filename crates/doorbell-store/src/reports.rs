@@ -1,0 +1,129 @@
+//! The daily reports in `reports/`: one markdown file per local date, written atomically, and
+//! the note from `report-loop` that announces each one to the human station exactly once
+//! (reserved id `report:<date>`, intent journaled before the write like every judge's line).
+
+use std::fs;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+
+use crate::{Bridge, Error, Result};
+
+pub const REPORTS_DIR: &str = "reports";
+
+/// The reports folder, created (0700) when missing.
+pub fn reports_dir(bridge: &Bridge) -> Result<PathBuf> {
+    let dir = bridge.dir().join(REPORTS_DIR);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(Error::io("create folder", &dir))?;
+    Ok(dir)
+}
+
+/// Whether `name` is `YYYY-MM-DD.md`; its date if so.
+fn date_of(name: &str) -> Option<&str> {
+    let date = name.strip_suffix(".md")?;
+    chrono::NaiveDate::parse_from_str(date, "%Y-%m-%d").ok()?;
+    Some(date)
+}
+
+/// Every daily report file, oldest first, with its date.
+pub fn daily_reports(bridge: &Bridge) -> Result<Vec<(String, PathBuf)>> {
+    let dir = bridge.dir().join(REPORTS_DIR);
+    let entries = match fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io("list reports", &dir)(e)),
+    };
+    let mut reports: Vec<(String, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_owned();
+            Some((date_of(&name)?.to_owned(), e.path()))
+        })
+        .collect();
+    reports.sort();
+    Ok(reports)
+}
+
+/// Write the report for `date` atomically; returns its path.
+pub fn write_daily(bridge: &Bridge, date: &str, markdown: &str) -> Result<PathBuf> {
+    let path = reports_dir(bridge)?.join(format!("{date}.md"));
+    crate::atomic::write_atomic(&path, markdown.as_bytes())?;
+    Ok(path)
+}
+
+/// The reserved id of the note that announces the report of `date`.
+#[must_use]
+pub fn note_id(date: &str) -> String {
+    format!("report:{date}")
+}
+
+/// A report's summary line: its first bold line.
+#[must_use]
+pub fn summary_of(path: &Path) -> Option<String> {
+    let text = fs::read_to_string(path).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("**")?.strip_suffix("**"))
+        .map(str::to_owned)
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReportNote<'a> {
+    id: &'a str,
+    from: &'a str,
+    to: &'a str,
+    kind: &'a str,
+    created_at: String,
+    message: Message<'a>,
+}
+
+#[derive(Serialize)]
+struct Message<'a> {
+    role: &'a str,
+    parts: [Part<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct Part<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    text: &'a str,
+}
+
+/// The note from `report-loop` to `human` announcing the report of `date`.
+#[must_use]
+pub fn note_line(
+    id: &str,
+    human: &str,
+    date: &str,
+    path: &Path,
+    summary: &str,
+    now: DateTime<Utc>,
+) -> String {
+    let text = format!(
+        "doorbell morning report {date}: {summary}. The whole report: {}",
+        path.display()
+    );
+    serde_json::to_string(&ReportNote {
+        id,
+        from: "report-loop",
+        to: human,
+        kind: "note",
+        created_at: now.to_rfc3339_opts(SecondsFormat::Millis, true),
+        message: Message {
+            role: "agent",
+            parts: [Part {
+                kind: "text",
+                text: &text,
+            }],
+        },
+    })
+    .expect("a report note always serialises")
+}
