@@ -9,6 +9,14 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
+use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+
+use doorbell_core::report::Activity;
+use doorbell_core::{judge_stateless, Limits, MessageSummary};
+
+use crate::append::open_inbox;
+use crate::journal::{journal_path, JournalFollower, Snapshot, Word};
 use crate::{Bridge, Error, Result};
 
 pub const REPORTS_DIR: &str = "reports";
@@ -126,4 +134,72 @@ pub fn note_line(
         },
     })
     .expect("a report note always serialises")
+}
+
+/// What happened in the window, from the journal.
+pub fn activity(bridge: &Bridge, since: DateTime<Utc>) -> Result<Activity> {
+    let since = since.timestamp_millis();
+    let mut activity = Activity::default();
+    JournalFollower::new(journal_path(bridge), 0).read(&mut |record| {
+        if record.seen_at < since {
+            return;
+        }
+        match (record.verdict, &record.line) {
+            (Word::Accepted, Some(line)) => {
+                *activity
+                    .sent
+                    .entry(line.from.clone())
+                    .or_default()
+                    .entry(line.kind)
+                    .or_default() += 1;
+            }
+            (Word::Refused, _) => {
+                *activity
+                    .refused
+                    .entry(record.reason.unwrap_or_default())
+                    .or_default() += 1;
+            }
+            _ => {}
+        }
+    })?;
+    Ok(activity)
+}
+
+/// The first line of text of each open request, read from its inbox.
+pub fn texts(bridge: &Bridge, snapshot: &Snapshot) -> BTreeMap<String, String> {
+    let limits = Limits {
+        max_line_bytes: usize::MAX,
+    };
+    let mut texts = BTreeMap::new();
+    let mut files = BTreeMap::new();
+    for request in snapshot.ledger.requests().filter(|r| r.is_open()) {
+        let Some((gen, offset)) = request.location else {
+            continue;
+        };
+        // A request from an inbox generation that was since replaced has no text to show.
+        if snapshot
+            .inboxes
+            .get(&request.addressee)
+            .is_none_or(|j| j.gen != gen)
+        {
+            continue;
+        }
+        let file = files.entry(request.addressee.clone()).or_insert_with(|| {
+            bridge
+                .inbox_path(&request.addressee)
+                .ok()
+                .and_then(|p| open_inbox(&p, false).ok())
+        });
+        let Some(file) = file else { continue };
+        // The line ends before the next verdict's offset; read up to the limit and cut.
+        let mut buf = vec![0; bridge.max_line_bytes().min(64 * 1024) + 1];
+        let Ok(n) = file.read_at(&mut buf, offset) else {
+            continue;
+        };
+        let line = buf[..n].split(|&b| b == b'\n').next().unwrap_or_default();
+        if let Ok(envelope) = judge_stateless(line, None, &limits) {
+            texts.insert(request.id.clone(), envelope.message.first_line());
+        }
+    }
+    texts
 }
