@@ -53,6 +53,13 @@ pub enum Command {
     /// Create and list stations
     #[command(subcommand)]
     Agent(AgentCommand),
+    /// Print shell completions (bash, zsh, fish, elvish, powershell)
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff)
+    Man,
 }
 
 #[derive(Debug, Default, Args)]
@@ -264,24 +271,37 @@ pub enum AgentCommand {
 impl Cli {
     pub fn run(self) -> anyhow::Result<i32> {
         crate::session::init_tracing();
-        let session = crate::session::Session::new(self.dir.as_deref(), self.config.as_deref())?;
+        let (dir, config) = (self.dir, self.config);
+        let session = || crate::session::Session::new(dir.as_deref(), config.as_deref());
         match self.command {
-            Command::Send(args) => crate::send::run(&session, &args),
-            Command::Read(args) => crate::read::run(&session, &args),
-            Command::Reply(args) => crate::reply::reply(&session, args),
-            Command::Cancel(args) => crate::reply::cancel(&session, args),
-            Command::Show(args) => crate::show::show(&session, &args),
-            Command::Debts(args) => crate::show::debts(&session, &args),
-            Command::Thread(args) => crate::show::thread(&session, &args),
-            Command::Check(args) => crate::check::run(&session, &args),
-            Command::Watch(args) => crate::watch::run(&session, &args),
-            Command::Wait(args) => crate::wait::run(&session, &args),
-            Command::Status(args) => crate::status::run(&session, &args),
-            Command::Report(args) => crate::report::run(&session, &args),
-            Command::Daemon(args) if args.once => crate::session::daemon_once(&session),
-            Command::Daemon(_) => crate::daemon::run(&session, self.config.as_deref()),
-            Command::Agent(AgentCommand::Add { name }) => crate::agent::add(&session, &name),
-            Command::Agent(AgentCommand::List { json }) => crate::agent::list(&session, json),
+            Command::Send(args) => crate::send::run(&session()?, &args),
+            Command::Reply(args) => crate::reply::reply(&session()?, args),
+            Command::Cancel(args) => crate::reply::cancel(&session()?, args),
+            Command::Read(args) => crate::read::run(&session()?, &args),
+            Command::Show(args) => crate::show::show(&session()?, &args),
+            Command::Debts(args) => crate::show::debts(&session()?, &args),
+            Command::Thread(args) => crate::show::thread(&session()?, &args),
+            Command::Watch(args) => crate::watch::run(&session()?, &args),
+            Command::Wait(args) => crate::wait::run(&session()?, &args),
+            Command::Status(args) => crate::status::run(&session()?, &args),
+            Command::Report(args) => crate::report::run(&session()?, &args),
+            Command::Check(args) => crate::check::run(&session()?, &args),
+            Command::Daemon(args) if args.once => crate::session::daemon_once(&session()?),
+            Command::Daemon(_) => crate::daemon::run(&session()?, config.as_deref()),
+            Command::Agent(AgentCommand::Add { name }) => crate::agent::add(&session()?, &name),
+            Command::Agent(AgentCommand::List { json }) => crate::agent::list(&session()?, json),
+            // Generated from the command definitions: no bridge and no config needed.
+            Command::Completions { shell } => {
+                let mut command = <Cli as clap::CommandFactory>::command();
+                let mut out = Vec::new();
+                clap_complete::generate(shell, &mut command, "doorbell", &mut out);
+                crate::exit::print_bytes(&out)
+            }
+            Command::Man => {
+                let mut out = Vec::new();
+                clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut out)?;
+                crate::exit::print_bytes(&out)
+            }
         }
     }
 }

@@ -57,3 +57,13 @@ pub fn report(error: &anyhow::Error) -> i32 {
     eprintln!("doorbell: {message}");
     code
 }
+
+/// Write `bytes` to stdout; a reader that went away early is not an error.
+pub fn print_bytes(bytes: &[u8]) -> anyhow::Result<i32> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(OK),
+    }
+}
