@@ -408,6 +408,7 @@ pub struct JournalWriter {
     path: PathBuf,
     /// The journal's length once everything buffered is written.
     len: u64,
+    scratch: Vec<u8>,
 }
 
 impl JournalWriter {
@@ -433,20 +434,21 @@ impl JournalWriter {
             out: BufWriter::with_capacity(1 << 20, file),
             path: path.to_path_buf(),
             len: valid_len,
+            scratch: Vec::with_capacity(1024),
         })
     }
 
     pub fn append(&mut self, record: &Record) -> Result<()> {
-        let mut counted = Counted {
-            out: &mut self.out,
-            written: 0,
-        };
-        serde_json::to_writer(&mut counted, record)
+        // Serialise into a reused buffer first: one copy into the writer per record, and the
+        // length known exactly.
+        self.scratch.clear();
+        serde_json::to_writer(&mut self.scratch, record)
             .map_err(|e| Error::io("write journal", &self.path)(e.into()))?;
-        counted
-            .write_all(b"\n")
+        self.scratch.push(b'\n');
+        self.out
+            .write_all(&self.scratch)
             .map_err(Error::io("write journal", &self.path))?;
-        self.len += counted.written;
+        self.len += self.scratch.len() as u64;
         Ok(())
     }
 
@@ -473,24 +475,6 @@ impl JournalWriter {
             .get_ref()
             .sync_data()
             .map_err(Error::io("sync journal", &self.path))
-    }
-}
-
-/// A writer that counts what passes through it.
-struct Counted<'a, W> {
-    out: &'a mut W,
-    written: u64,
-}
-
-impl<W: Write> Write for Counted<'_, W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.out.write(buf)?;
-        self.written += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
     }
 }
 
