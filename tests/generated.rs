@@ -8,7 +8,9 @@ fn completions_for_each_shell_name_every_command() {
     for shell in ["bash", "zsh", "fish"] {
         let out = bridge.doorbell(&["completions", shell]);
         let text = out.ok();
-        for command in ["send", "reply", "watch", "wait", "debts", "report", "daemon"] {
+        for command in [
+            "send", "reply", "watch", "wait", "debts", "report", "daemon",
+        ] {
             assert!(text.contains(command), "{shell} completions lack {command}");
         }
     }

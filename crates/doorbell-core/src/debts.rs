@@ -11,11 +11,10 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use chrono::{DateTime, SecondsFormat, Utc};
-use serde::Serialize;
+use chrono::{DateTime, Utc};
 
 use crate::ledger::Request;
-use crate::notice::Notice;
+use crate::notice::{LoopNote, Notice};
 use crate::State;
 
 /// The `[debts]` settings that shape the schedule.
@@ -111,49 +110,18 @@ pub fn escalation_id(request: &Request) -> String {
     )
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct LoopNote<'a> {
-    id: &'a str,
-    from: &'a str,
-    to: &'a str,
-    kind: &'a str,
-    correlates_to: &'a str,
-    context_id: &'a str,
-    created_at: String,
-    priority: u8,
-    message: LoopMessage<'a>,
-}
-
-#[derive(Serialize)]
-struct LoopMessage<'a> {
-    role: &'a str,
-    parts: [LoopPart<'a>; 1],
-}
-
-#[derive(Serialize)]
-struct LoopPart<'a> {
-    #[serde(rename = "type")]
-    kind: &'a str,
-    text: &'a str,
-}
-
 fn note(id: String, to: &str, request: &Request, text: &str, now: DateTime<Utc>) -> Notice {
-    let line = serde_json::to_string(&LoopNote {
+    let line = LoopNote {
         id: &id,
         from: "debt-loop",
         to,
-        kind: "note",
-        correlates_to: &request.id,
-        context_id: &request.context_id,
-        created_at: now.to_rfc3339_opts(SecondsFormat::Millis, true),
-        priority: request.priority,
-        message: LoopMessage {
-            role: "agent",
-            parts: [LoopPart { kind: "text", text }],
-        },
-    })
-    .expect("a loop note always serialises");
+        correlates_to: Some(&request.id),
+        context_id: Some(&request.context_id),
+        priority: Some(request.priority),
+        text,
+        data: None,
+    }
+    .line(now);
     Notice {
         id,
         to: to.to_owned(),

@@ -51,7 +51,20 @@ pub struct Notice {
     pub line: String,
 }
 
-/// A note from a built-in loop, in the field order every sender uses.
+/// A note from one of the judge's built-in loops (`bridge`, `debt-loop`, `report-loop`).
+#[derive(Debug, Clone)]
+pub struct LoopNote<'a> {
+    pub id: &'a str,
+    pub from: &'a str,
+    pub to: &'a str,
+    pub correlates_to: Option<&'a str>,
+    pub context_id: Option<&'a str>,
+    pub priority: Option<u8>,
+    pub text: &'a str,
+    pub data: Option<serde_json::Value>,
+}
+
+/// The wire form, in the field order every sender uses.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct NoteOut<'a> {
@@ -59,21 +72,53 @@ struct NoteOut<'a> {
     from: &'a str,
     to: &'a str,
     kind: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    correlates_to: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context_id: Option<&'a str>,
     created_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    priority: Option<u8>,
     message: MessageOut<'a>,
 }
 
 #[derive(Serialize)]
 struct MessageOut<'a> {
     role: &'a str,
-    parts: (PartOut<'a>, PartOut<'a>),
+    parts: Vec<PartOut<'a>>,
 }
 
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 enum PartOut<'a> {
     Text { text: &'a str },
-    Data { data: serde_json::Value },
+    Data { data: &'a serde_json::Value },
+}
+
+impl LoopNote<'_> {
+    /// The note's line, written at the judge's time `now`.
+    #[must_use]
+    pub fn line(&self, now: DateTime<Utc>) -> String {
+        let mut parts = vec![PartOut::Text { text: self.text }];
+        if let Some(data) = &self.data {
+            parts.push(PartOut::Data { data });
+        }
+        serde_json::to_string(&NoteOut {
+            id: self.id,
+            from: self.from,
+            to: self.to,
+            kind: "note",
+            correlates_to: self.correlates_to,
+            context_id: self.context_id,
+            created_at: now.to_rfc3339_opts(SecondsFormat::Millis, true),
+            priority: self.priority,
+            message: MessageOut {
+                role: "agent",
+                parts,
+            },
+        })
+        .expect("a loop note always serialises")
+    }
 }
 
 /// The notice for `refused` (all from one sender, at most [`MAX_PER_NOTICE`]), written at
@@ -114,18 +159,17 @@ pub fn refusal_notice(refused: &[RefusedLine], now: DateTime<Utc>) -> Notice {
             "reason": l.reason.code(), "detail": l.detail,
         })).collect::<Vec<_>>(),
     });
-    let envelope = NoteOut {
+    let line = LoopNote {
         id: &id,
         from: "bridge",
         to: &to,
-        kind: "note",
-        created_at: now.to_rfc3339_opts(SecondsFormat::Millis, true),
-        message: MessageOut {
-            role: "agent",
-            parts: (PartOut::Text { text: &text }, PartOut::Data { data }),
-        },
-    };
-    let line = serde_json::to_string(&envelope).expect("a notice always serialises");
+        correlates_to: None,
+        context_id: None,
+        priority: None,
+        text: &text,
+        data: Some(data),
+    }
+    .line(now);
     Notice { id, to, line }
 }
 

@@ -1,18 +1,28 @@
-//! Replacing a small state file so that a crash at any instant leaves either the old or the
-//! new content, never a mix: temp file, fsync, rename, fsync the folder.
+//! Replacing a state file so that a crash at any instant leaves either the old or the new
+//! content, never a mix: temp file, fsync, rename, fsync the folder.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use crate::{Error, Result};
 
-/// Write `bytes` to `path` atomically: a temp file, fsync, rename, fsync the folder.
+/// Write `bytes` to `path` atomically.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    replace_with(path, None, |out| out.write_all(bytes))
+}
+
+/// Replace `path` with what `write` produces, atomically; the file it replaces is first
+/// renamed to `previous` when one is given, so a reader always finds one of the two.
+pub fn replace_with(
+    path: &Path,
+    previous: Option<&Path>,
+    write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
+) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
@@ -20,8 +30,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&tmp)
         .map_err(Error::io("write", &tmp))?;
-    file.write_all(bytes).map_err(Error::io("write", &tmp))?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    write(&mut out).map_err(Error::io("write", &tmp))?;
+    let file = out
+        .into_inner()
+        .map_err(|e| Error::io("write", &tmp)(e.into_error()))?;
     file.sync_all().map_err(Error::io("sync", &tmp))?;
+    drop(file);
+    if let Some(previous) = previous.filter(|_| path.exists()) {
+        fs::rename(path, previous).map_err(Error::io("keep previous copy of", path))?;
+    }
     fs::rename(&tmp, path).map_err(Error::io("rename", path))?;
     File::open(dir)
         .and_then(|d| d.sync_all())

@@ -8,10 +8,8 @@
 //! from another version, or claims more journal than exists is passed over loudly for the
 //! previous copy or for a full replay — never a silent start from zero or from the end.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::BufWriter;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::fs;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -80,38 +78,13 @@ pub fn load(journal: &Path) -> Result<Snapshot> {
 /// Save `snapshot` (whose `journal_len` must already be durable in the journal).
 pub fn save(journal: &Path, snapshot: &Snapshot) -> Result<()> {
     let dir = state_dir(journal);
-    let path = dir.join(CHECKPOINT_FILE);
-    let tmp: PathBuf = dir.join(format!("{CHECKPOINT_FILE}.tmp"));
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)
-        .map_err(Error::io("write checkpoint", &tmp))?;
-    let mut out = BufWriter::with_capacity(1 << 20, file);
-    serde_json::to_writer(
-        &mut out,
-        &Saving {
-            version: VERSION,
-            snapshot,
-        },
+    let saving = Saving {
+        version: VERSION,
+        snapshot,
+    };
+    crate::atomic::replace_with(
+        &dir.join(CHECKPOINT_FILE),
+        Some(&dir.join(PREVIOUS_FILE)),
+        |out| serde_json::to_writer(out, &saving).map_err(std::io::Error::from),
     )
-    .map_err(|e| Error::io("write checkpoint", &tmp)(e.into()))?;
-    let file = out
-        .into_inner()
-        .map_err(|e| Error::io("write checkpoint", &tmp)(e.into_error()))?;
-    file.sync_all()
-        .map_err(Error::io("sync checkpoint", &tmp))?;
-    drop(file);
-    if path.exists() {
-        fs::rename(&path, dir.join(PREVIOUS_FILE))
-            .map_err(Error::io("keep previous checkpoint", &path))?;
-    }
-    fs::rename(&tmp, &path).map_err(Error::io("rename checkpoint", &path))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(Error::io("sync folder", dir))?;
-    Ok(())
 }

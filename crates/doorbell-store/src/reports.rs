@@ -6,8 +6,7 @@ use std::fs;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use chrono::{DateTime, SecondsFormat, Utc};
-use serde::Serialize;
+use chrono::{DateTime, Utc};
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
@@ -81,30 +80,6 @@ pub fn summary_of(path: &Path) -> Option<String> {
         .map(str::to_owned)
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ReportNote<'a> {
-    id: &'a str,
-    from: &'a str,
-    to: &'a str,
-    kind: &'a str,
-    created_at: String,
-    message: Message<'a>,
-}
-
-#[derive(Serialize)]
-struct Message<'a> {
-    role: &'a str,
-    parts: [Part<'a>; 1],
-}
-
-#[derive(Serialize)]
-struct Part<'a> {
-    #[serde(rename = "type")]
-    kind: &'a str,
-    text: &'a str,
-}
-
 /// The note from `report-loop` to `human` announcing the report of `date`.
 #[must_use]
 pub fn note_line(
@@ -119,21 +94,17 @@ pub fn note_line(
         "doorbell morning report {date}: {summary}. The whole report: {}",
         path.display()
     );
-    serde_json::to_string(&ReportNote {
+    doorbell_core::notice::LoopNote {
         id,
         from: "report-loop",
         to: human,
-        kind: "note",
-        created_at: now.to_rfc3339_opts(SecondsFormat::Millis, true),
-        message: Message {
-            role: "agent",
-            parts: [Part {
-                kind: "text",
-                text: &text,
-            }],
-        },
-    })
-    .expect("a report note always serialises")
+        correlates_to: None,
+        context_id: None,
+        priority: None,
+        text: &text,
+        data: None,
+    }
+    .line(now)
 }
 
 /// What happened in the window, from the journal.
