@@ -163,7 +163,7 @@ fn content(args: &SendArgs) -> anyhow::Result<(Option<String>, Option<Box<RawVal
 pub fn run(session: &Session, args: &SendArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let (from, kind) = sender_and_kind(args)?;
-    let recipients = recipients(&bridge, &args.to)?;
+    let recipients = recipients(&bridge, &args.to, &from)?;
     let registry = bridge.registry()?;
     if !registry.knows(&from) {
         let known: Vec<_> = registry.stations.iter().cloned().collect();
@@ -259,9 +259,14 @@ pub fn run(session: &Session, args: &SendArgs) -> anyhow::Result<i32> {
 }
 
 /// The inboxes a message goes to: each `--to`, or every station for `all`.
-fn recipients(bridge: &Bridge, to: &[String]) -> anyhow::Result<Vec<String>> {
+fn recipients(bridge: &Bridge, to: &[String], from: &str) -> anyhow::Result<Vec<String>> {
     if to.iter().any(|t| t == "all") {
-        let all = bridge.inboxes()?;
+        // Everyone but the sender: a broadcast request is not a debt one owes oneself.
+        let all: Vec<String> = bridge
+            .inboxes()?
+            .into_iter()
+            .filter(|n| n != from)
+            .collect();
         if all.is_empty() {
             return Err(refused("no agents yet; add one with 'doorbell agent add'"));
         }

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::debts::span;
 use crate::ledger::Request;
-use crate::Kind;
+use crate::{Kind, State};
 
 /// What happened in the window, counted from the journal.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -41,7 +41,8 @@ pub struct Inputs<'a> {
 pub struct Stalled {
     pub id: String,
     pub debtor: String,
-    pub requester: String,
+    /// Who waits for the debtor: the requester, or in `input-required` the addressee.
+    pub waiting: String,
     pub state: String,
     pub silent_since: String,
     /// Seconds since the state last changed.
@@ -103,7 +104,7 @@ pub fn build(inputs: &Inputs<'_>) -> Report {
     let item = |r: &Request| Stalled {
         id: r.id.clone(),
         debtor: r.debtor().to_owned(),
-        requester: r.creditor().to_owned(),
+        waiting: r.creditor().to_owned(),
         state: r.state.as_str().to_owned(),
         silent_since: rfc(r.state_since),
         silent_for: (now - r.state_since).num_seconds().max(0),
@@ -130,12 +131,13 @@ pub fn build(inputs: &Inputs<'_>) -> Report {
             }
         }
     }
+    // Answered: completed, failed or rejected. A withdrawn (canceled) request was never answered.
     let mut times: Vec<i64> = inputs
         .requests
         .iter()
         .filter_map(|r| {
             r.closed_at
-                .filter(|c| *c >= inputs.since && *c <= now)
+                .filter(|c| r.state != State::Canceled && *c >= inputs.since && *c <= now)
                 .map(|c| (c - r.seen_at).num_seconds())
         })
         .collect();
@@ -144,6 +146,7 @@ pub fn build(inputs: &Inputs<'_>) -> Report {
         .activity
         .sent
         .iter()
+        .filter(|(agent, _)| !crate::name::is_builtin_loop(agent))
         .map(|(agent, kinds)| {
             let n = |k| kinds.get(&k).copied().unwrap_or(0);
             (
@@ -156,6 +159,28 @@ pub fn build(inputs: &Inputs<'_>) -> Report {
             )
         })
         .collect();
+    let summary = summary_line(&by_debtor, waiting_on_human.len(), now);
+    Report {
+        since: rfc(inputs.since),
+        until: rfc(now),
+        summary,
+        stalled: by_debtor,
+        waiting_on_human,
+        answered: times.len() as u64,
+        median_answer_secs: quantile(&times, 0.5),
+        p90_answer_secs: quantile(&times, 0.9),
+        per_agent,
+        refused: inputs.activity.refused.clone(),
+    }
+}
+
+/// The one line a person can act on: "3 requests stalled, oldest 2 d 4 h; web owes 2,
+/// design owes 1; 1 question waits on you".
+fn summary_line(
+    by_debtor: &[(String, Vec<Stalled>)],
+    waiting: usize,
+    now: DateTime<Utc>,
+) -> String {
     let stalled_count: usize = by_debtor.iter().map(|(_, items)| items.len()).sum();
     let oldest = by_debtor
         .iter()
@@ -178,25 +203,14 @@ pub fn build(inputs: &Inputs<'_>) -> Report {
             .collect();
         let _ = write!(summary, "; {}", owes.join(", "));
     }
-    match waiting_on_human.len() {
+    match waiting {
         0 => {}
         1 => summary.push_str("; 1 question waits on you"),
         n => {
             let _ = write!(summary, "; {n} questions wait on you");
         }
     }
-    Report {
-        since: rfc(inputs.since),
-        until: rfc(now),
-        summary,
-        stalled: by_debtor,
-        waiting_on_human,
-        answered: times.len() as u64,
-        median_answer_secs: quantile(&times, 0.5),
-        p90_answer_secs: quantile(&times, 0.9),
-        per_agent,
-        refused: inputs.activity.refused.clone(),
-    }
+    summary
 }
 
 fn duration(secs: Option<i64>) -> String {
@@ -244,13 +258,13 @@ impl Report {
         }
         for (debtor, items) in &self.stalled {
             let _ = writeln!(out, "### {debtor} owes {}\n", items.len());
-            out.push_str("| request | requester | state | silent since | rings | text |\n|---|---|---|---|---|---|\n");
+            out.push_str("| request | waiting | state | silent since | rings | text |\n|---|---|---|---|---|---|\n");
             for s in items {
                 let _ = writeln!(
                     out,
                     "| {} | {} | {} | {} ({}) | {} | {} |",
                     s.id,
-                    s.requester,
+                    s.waiting,
                     s.state,
                     local(&s.silent_since),
                     duration(Some(s.silent_for)),
@@ -270,7 +284,7 @@ impl Report {
                     out,
                     "| {} | {} | {} | {} | {} |",
                     s.id,
-                    s.requester,
+                    s.waiting,
                     s.state,
                     local(&s.silent_since),
                     cell(&s.text)
@@ -325,9 +339,9 @@ impl Report {
             for s in items {
                 let _ = writeln!(
                     out,
-                    "  {}  to {}  {}  silent {}  rings {}  {}",
+                    "  {}  owed to {}  {}  silent {}  rings {}  {}",
                     s.id,
-                    s.requester,
+                    s.waiting,
                     s.state,
                     duration(Some(s.silent_for)),
                     s.rings,
@@ -342,7 +356,7 @@ impl Report {
                     out,
                     "  {}  from {}  {}  since {}  {}",
                     s.id,
-                    s.requester,
+                    s.waiting,
                     s.state,
                     local(&s.silent_since),
                     s.text
