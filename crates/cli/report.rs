@@ -33,15 +33,30 @@ fn since(bridge: &Bridge, args: &ReportArgs, now: DateTime<Utc>) -> anyhow::Resu
         .unwrap_or(now - chrono::Duration::hours(24)))
 }
 
+/// Whether the report shows `request`'s text: a stalled debt, or a question to the human.
+fn shown(
+    request: &doorbell_core::Request,
+    now: DateTime<Utc>,
+    stalled_after: std::time::Duration,
+    human: &str,
+) -> bool {
+    let silent = (now - request.state_since).to_std().unwrap_or_default();
+    request.is_open() && (request.debtor() == human || silent >= stalled_after)
+}
+
 pub fn run(session: &Session, args: &ReportArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let snapshot = caught_up(&bridge)?;
     let now = Utc::now();
     let since = since(&bridge, args, now)?;
+    let stalled_after = session.config.debts.stalled_after;
+    let human = session.config.human.clone();
     let inputs = Inputs {
         requests: snapshot.ledger.requests().collect(),
         activity: reports::activity(&bridge, since)?,
-        texts: reports::texts(&bridge, &snapshot),
+        texts: reports::texts(&bridge, &snapshot, &|r| {
+            shown(r, now, stalled_after, &human)
+        }),
         since,
         now,
         stalled_after: session.config.debts.stalled_after,

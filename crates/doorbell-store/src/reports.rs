@@ -15,7 +15,7 @@ use doorbell_core::report::Activity;
 use doorbell_core::{judge_stateless, Limits, MessageSummary};
 
 use crate::append::open_inbox;
-use crate::journal::{journal_path, JournalFollower, Snapshot, Word};
+use crate::journal::{journal_path, Snapshot};
 use crate::{Bridge, Error, Result};
 
 pub const REPORTS_DIR: &str = "reports";
@@ -109,41 +109,79 @@ pub fn note_line(
 
 /// What happened in the window, from the journal.
 pub fn activity(bridge: &Bridge, since: DateTime<Utc>) -> Result<Activity> {
+    /// The few fields a report counts, borrowed from the record: the scan of a long journal
+    /// builds nothing it does not need.
+    #[derive(serde::Deserialize)]
+    struct Counted<'a> {
+        t: i64,
+        #[serde(borrow)]
+        v: &'a str,
+        #[serde(borrow)]
+        a: Option<CountedLine<'a>>,
+        #[serde(borrow)]
+        reason: Option<std::borrow::Cow<'a, str>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct CountedLine<'a> {
+        #[serde(borrow)]
+        f: std::borrow::Cow<'a, str>,
+        k: doorbell_core::Kind,
+    }
     let since = since.timestamp_millis();
+    let path = journal_path(bridge);
     let mut activity = Activity::default();
-    JournalFollower::new(journal_path(bridge), 0).read(&mut |record| {
-        if record.seen_at < since {
-            return;
+    let file = match std::fs::File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(activity),
+        Err(e) => return Err(Error::io("open journal", &path)(e)),
+    };
+    crate::reader::LineReader::new(1 << 26).read(&file, 0, |line| -> Result<()> {
+        let crate::reader::Line::Complete { bytes, .. } = line else {
+            return Ok(());
+        };
+        let record: Counted<'_> =
+            serde_json::from_slice(bytes).map_err(|e| Error::CorruptJournal {
+                path: path.clone(),
+                line: 0,
+                message: e.to_string(),
+            })?;
+        if record.t < since {
+            return Ok(());
         }
-        match (record.verdict, &record.line) {
-            (Word::Accepted, Some(line)) => {
-                *activity
-                    .sent
-                    .entry(line.from.clone())
-                    .or_default()
-                    .entry(line.kind)
-                    .or_default() += 1;
+        match (record.v, record.a) {
+            ("a", Some(line)) => {
+                let kinds = match activity.sent.get_mut(line.f.as_ref()) {
+                    Some(kinds) => kinds,
+                    None => activity.sent.entry(line.f.into_owned()).or_default(),
+                };
+                *kinds.entry(line.k).or_default() += 1;
             }
-            (Word::Refused, _) => {
+            ("r", _) => {
                 *activity
                     .refused
-                    .entry(record.reason.unwrap_or_default())
+                    .entry(record.reason.unwrap_or_default().into_owned())
                     .or_default() += 1;
             }
             _ => {}
         }
+        Ok(())
     })?;
     Ok(activity)
 }
 
 /// The first line of text of each open request, read from its inbox.
-pub fn texts(bridge: &Bridge, snapshot: &Snapshot) -> BTreeMap<String, String> {
+pub fn texts(
+    bridge: &Bridge,
+    snapshot: &Snapshot,
+    wanted: &dyn Fn(&doorbell_core::Request) -> bool,
+) -> BTreeMap<String, String> {
     let limits = Limits {
         max_line_bytes: usize::MAX,
     };
     let mut texts = BTreeMap::new();
     let mut files = BTreeMap::new();
-    for request in snapshot.ledger.requests().filter(|r| r.is_open()) {
+    let mut buf = Vec::new();
+    for request in snapshot.ledger.requests().filter(|r| wanted(r)) {
         let Some((gen, offset)) = request.location else {
             continue;
         };
@@ -162,14 +200,20 @@ pub fn texts(bridge: &Bridge, snapshot: &Snapshot) -> BTreeMap<String, String> {
                 .and_then(|p| open_inbox(&p, false).ok())
         });
         let Some(file) = file else { continue };
-        // The line ends before the next verdict's offset; read up to the limit and cut.
-        let mut buf = vec![0; bridge.max_line_bytes().min(64 * 1024) + 1];
-        let Ok(n) = file.read_at(&mut buf, offset) else {
-            continue;
-        };
-        let line = buf[..n].split(|&b| b == b'\n').next().unwrap_or_default();
-        if let Ok(envelope) = judge_stateless(line, None, &limits) {
-            texts.insert(request.id.clone(), envelope.message.first_line());
+        // Most lines are short: read a little, and the whole allowed length only when the
+        // line goes on.
+        for size in [8 * 1024, bridge.max_line_bytes() + 2] {
+            buf.resize(size, 0);
+            let Ok(n) = file.read_at(&mut buf, offset) else {
+                break;
+            };
+            let Some(end) = memchr::memchr(b'\n', &buf[..n]) else {
+                continue;
+            };
+            if let Ok(envelope) = judge_stateless(&buf[..end], None, &limits) {
+                texts.insert(request.id.clone(), envelope.message.first_line());
+            }
+            break;
         }
     }
     texts

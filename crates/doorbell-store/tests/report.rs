@@ -76,7 +76,7 @@ fn report(judged: &Judged, since: DateTime<Utc>, now: DateTime<Utc>) -> Report {
     let inputs = Inputs {
         requests: judged.snapshot.ledger.requests().collect(),
         activity: reports::activity(&judged.bridge, since).expect("activity"),
-        texts: reports::texts(&judged.bridge, &judged.snapshot),
+        texts: reports::texts(&judged.bridge, &judged.snapshot, &|r| r.is_open()),
         since,
         now,
         stalled_after: config.debts.stalled_after,
