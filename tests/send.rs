@@ -176,7 +176,11 @@ fn broadcast_writes_one_line_per_station_with_a_shared_thread() {
         "send", "--to", "all", "--from", "human", "--kind", "request", "--id", "01ALL", "status?",
     ]);
     let ids: Vec<&str> = out.ok().lines().collect();
-    assert_eq!(ids, ["01ALL.design", "01ALL.web"], "everyone but the sender");
+    assert_eq!(
+        ids,
+        ["01ALL.design", "01ALL.web"],
+        "everyone but the sender"
+    );
     assert!(bridge.lines("human").is_empty());
     for name in ["web", "design"] {
         let envelope: serde_json::Value = serde_json::from_slice(&bridge.lines(name)[0]).unwrap();
