@@ -22,7 +22,9 @@ use doorbell_core::{
     is_reserved_id, judge_line, judge_stateless, Kind, Ledger, Limits, Registry, Request, State,
     Verdict,
 };
-use serde_json::{json, Map, Value};
+mod common;
+use common::{note, request, response, Msg};
+use serde_json::Value;
 
 const HUMAN: &str = "human";
 
@@ -52,54 +54,6 @@ fn day30() -> DateTime<Utc> {
 
 fn a_year() -> Duration {
     Duration::days(366)
-}
-
-// ---- one line, built from a few fields (as in tests/ledger.rs) ---------------------------
-
-#[derive(Clone)]
-struct Msg(Map<String, Value>);
-
-fn msg(kind: &str, id: &str, from: &str, to: &str) -> Msg {
-    let mut fields = Map::new();
-    fields.insert("id".into(), id.into());
-    fields.insert("from".into(), from.into());
-    fields.insert("to".into(), to.into());
-    fields.insert("kind".into(), kind.into());
-    fields.insert("createdAt".into(), "2026-09-03T01:26:51Z".into());
-    fields.insert(
-        "message".into(),
-        json!({"role": "agent", "parts": [{"type": "text", "text": format!("{kind} {id}")}]}),
-    );
-    Msg(fields)
-}
-
-fn request(id: &str, from: &str, to: &str) -> Msg {
-    msg("request", id, from, to)
-}
-
-fn response(id: &str, from: &str, to: &str, re: &str, state: &str) -> Msg {
-    msg("response", id, from, to)
-        .set("correlatesTo", re)
-        .set("state", state)
-}
-
-fn note(id: &str, from: &str, to: &str) -> Msg {
-    msg("note", id, from, to)
-}
-
-impl Msg {
-    fn set(mut self, key: &str, value: impl Into<Value>) -> Self {
-        self.0.insert(key.into(), value.into());
-        self
-    }
-
-    fn to(&self) -> String {
-        self.0["to"].as_str().expect("to is a string").to_owned()
-    }
-
-    fn line(&self) -> String {
-        serde_json::to_string(&self.0).expect("a map serialises")
-    }
 }
 
 // ---- what the loop wrote -----------------------------------------------------------------
