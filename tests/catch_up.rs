@@ -76,9 +76,7 @@ fn responses_read_before_their_requests_are_accepted() {
 fn a_killed_judge_resumes_without_judging_twice() {
     let bridge = Bridge::with_agents(&["web", "design"]);
     for i in 0..20 {
-        bridge
-            .doorbell(&["send", "--to", "web", "--from", "design", &format!("n{i}")])
-            .ok();
+        bridge.send("design", "web", &format!("n{i}"));
     }
     bridge.doorbell(&["daemon", "--once"]).ok();
     // A torn last journal record, as a judge killed mid-write leaves it.
@@ -87,9 +85,7 @@ fn a_killed_judge_resumes_without_judging_twice() {
     let before = bridge.verdicts().len();
     bytes.extend_from_slice(br#"{"in":"web","o":12"#);
     std::fs::write(&journal, &bytes).unwrap();
-    bridge
-        .doorbell(&["send", "--to", "web", "--from", "design", "after"])
-        .ok();
+    bridge.send("design", "web", "after");
     bridge.doorbell(&["daemon", "--once"]).ok();
     let verdicts = bridge.verdicts();
     assert_eq!(verdicts.len(), before + 1);

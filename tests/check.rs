@@ -48,9 +48,7 @@ fn check_names_the_right_reason_for_every_corpus_line() {
 #[test]
 fn check_of_a_clean_inbox_exits_0_and_prints_refusals_readably() {
     let bridge = Bridge::with_agents(&["web", "design"]);
-    bridge
-        .doorbell(&["send", "--to", "web", "--from", "design", "hello"])
-        .ok();
+    bridge.send("design", "web", "hello");
     let clean = bridge.doorbell(&["check"]);
     assert_eq!(clean.code, 0, "{}", clean.stderr);
     bridge.append_raw("web", b"{\"id\":\"x\"}\n[1,2]\n");

@@ -791,16 +791,7 @@ fn survives_a_corrupt_checkpoint(damage: impl FnOnce(&Path)) {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
     let daemon = Daemon::start(&bridge, &[]);
     for i in 0..3 {
-        bridge
-            .doorbell(&[
-                "send",
-                "--to",
-                "web",
-                "--from",
-                "design",
-                &format!("hello {i}"),
-            ])
-            .ok();
+        bridge.send("design", "web", &format!("hello {i}"));
     }
     // Refused (a response that answers nothing): design hears of it.
     bridge.append_raw(
@@ -834,11 +825,7 @@ fn survives_a_corrupt_checkpoint(damage: impl FnOnce(&Path)) {
     assert!(said.contains("not using it"), "{said}");
     let ready = daemon.expect_stderr("doorbell: judging", Duration::from_secs(5));
     assert!(ready.contains("0 lines caught up"), "{ready}");
-    let id = bridge
-        .doorbell(&["send", "--to", "web", "--from", "design", "after"])
-        .ok()
-        .trim()
-        .to_owned();
+    let id = bridge.send("design", "web", "after").trim().to_owned();
     bridge.wait_for(PATIENCE, "the new line", |b| {
         verdict_keys(b).len() == before.len() + 1
     });
@@ -1028,8 +1015,7 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_keeps_judging() {
         "the daemon stopped"
     );
     let id = bridge
-        .doorbell(&["send", "--to", "web", "--from", "design", "still there?"])
-        .ok()
+        .send("design", "web", "still there?")
         .trim()
         .to_owned();
     bridge.append_raw("web", from("01FROMCI1", "ci").as_bytes());
@@ -1089,15 +1075,7 @@ fn the_hook_runs_with_a_clean_environment_and_no_message_text() {
     let mut ids = Vec::new();
     for i in 0..5 {
         let id = bridge
-            .doorbell(&[
-                "send",
-                "--to",
-                "web",
-                "--from",
-                "design",
-                &format!("SECRETTEXT{i} do rm -rf"),
-            ])
-            .ok()
+            .send("design", "web", &format!("SECRETTEXT{i} do rm -rf"))
             .trim()
             .to_owned();
         ids.push(id);

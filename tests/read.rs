@@ -14,9 +14,7 @@ fn ids(records: &[serde_json::Value]) -> Vec<String> {
 fn read_twice_shows_nothing_the_second_time_and_peek_shows_the_same_twice() {
     let bridge = Bridge::with_agents(&["web", "design"]);
     for text in ["one", "two"] {
-        bridge
-            .doorbell(&["send", "--to", "web", "--from", "design", text])
-            .ok();
+        bridge.send("design", "web", text);
     }
     let peek1 = bridge.read_json("web", &["--peek"]);
     let peek2 = bridge.read_json("web", &["--peek"]);
@@ -29,9 +27,7 @@ fn read_twice_shows_nothing_the_second_time_and_peek_shows_the_same_twice() {
         2,
         "--all shows read messages too"
     );
-    bridge
-        .doorbell(&["send", "--to", "web", "--from", "design", "three"])
-        .ok();
+    bridge.send("design", "web", "three");
     let third = bridge.read_json("web", &[]);
     assert_eq!(third.len(), 1);
     assert_eq!(third[0]["envelope"]["message"]["parts"][0]["text"], "three");
@@ -66,9 +62,7 @@ fn a_partial_last_line_is_never_shown_and_the_cursor_stops_before_it() {
 fn refused_lines_are_not_shown_but_passed() {
     let bridge = Bridge::with_agents(&["web", "design"]);
     bridge.append_raw("web", b"not json\n");
-    bridge
-        .doorbell(&["send", "--to", "web", "--from", "design", "good"])
-        .ok();
+    bridge.send("design", "web", "good");
     assert_eq!(bridge.read_json("web", &[]).len(), 1);
     assert!(bridge.read_json("web", &[]).is_empty());
 }
@@ -77,9 +71,7 @@ fn refused_lines_are_not_shown_but_passed() {
 fn a_cursor_on_a_replaced_inbox_is_detected_not_trusted() {
     let bridge = Bridge::with_agents(&["web", "design"]);
     for text in ["one", "two", "three"] {
-        bridge
-            .doorbell(&["send", "--to", "web", "--from", "design", text])
-            .ok();
+        bridge.send("design", "web", text);
     }
     assert_eq!(bridge.read_json("web", &[]).len(), 3);
     // Replace the inbox by rename with a longer file of other messages.
@@ -113,9 +105,7 @@ fn a_cursor_on_a_replaced_inbox_is_detected_not_trusted() {
 fn a_truncated_inbox_is_read_again_from_the_start() {
     let bridge = Bridge::with_agents(&["web", "design"]);
     for text in ["one", "two"] {
-        bridge
-            .doorbell(&["send", "--to", "web", "--from", "design", text])
-            .ok();
+        bridge.send("design", "web", text);
     }
     assert_eq!(bridge.read_json("web", &[]).len(), 2);
     std::fs::OpenOptions::new()
@@ -124,16 +114,7 @@ fn a_truncated_inbox_is_read_again_from_the_start() {
         .unwrap()
         .set_len(0)
         .unwrap();
-    bridge
-        .doorbell(&[
-            "send",
-            "--to",
-            "web",
-            "--from",
-            "design",
-            "after truncation",
-        ])
-        .ok();
+    bridge.send("design", "web", "after truncation");
     let got = bridge.read_json("web", &[]);
     assert_eq!(got.len(), 1);
     assert_eq!(

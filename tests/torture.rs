@@ -559,11 +559,7 @@ fn writer(bridge: &Bridge, w: usize, count: usize, seed: u64) -> Written {
             let how = rng.below(1000);
             let (id, offset) = if how < 8 {
                 // The binary, making its own id (no catch-up).
-                let out = bridge
-                    .doorbell(&["send", "--to", to, "--from", from, "a note"])
-                    .ok()
-                    .trim()
-                    .to_owned();
+                let out = bridge.send(from, to, "a note").trim().to_owned();
                 (out, None)
             } else if how < 12 {
                 // The binary with --id: it catches up (and judges) when no daemon runs.

@@ -116,6 +116,15 @@ impl Bridge {
         run(self.command(args), None)
     }
 
+    /// `doorbell send --to TO --from FROM TEXT` (a note), which must succeed; its id.
+    #[track_caller]
+    pub fn send(&self, from: &str, to: &str, text: &str) -> String {
+        self.doorbell(&["send", "--to", to, "--from", from, text])
+            .ok()
+            .trim()
+            .to_owned()
+    }
+
     /// Run `doorbell ARGS` with `stdin` as its standard input.
     pub fn doorbell_stdin(&self, args: &[&str], stdin: &[u8]) -> Run {
         run(self.command(args), Some(stdin))
@@ -298,23 +307,21 @@ impl Daemon {
     }
 
     /// Wait for the daemon to exit, up to `timeout`; its exit code (None: killed by a signal).
+    /// Its stderr closing is the event: the pipe ends when the process does.
     #[track_caller]
     pub fn wait_exit(&mut self, timeout: std::time::Duration) -> Option<i32> {
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                while let Ok(line) = self.lines.try_recv() {
-                    self.stderr.push(line);
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.stderr.push(line),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("daemon did not exit within {timeout:?}")
                 }
-                return status.code();
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "daemon did not exit within {timeout:?}"
-            );
-            // Pacing the exit check of a child process; there is no event for it here.
-            std::thread::sleep(std::time::Duration::from_millis(10));
         }
+        self.child.wait().unwrap().code()
     }
 
     /// After the daemon exited: every stderr line it wrote, waiting (up to `timeout`) for the
