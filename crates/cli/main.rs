@@ -18,6 +18,9 @@ mod status;
 mod wait;
 mod watch;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let args = <args::Cli as clap::Parser>::parse();
     let code = match args.run() {

@@ -251,7 +251,8 @@ pub struct Ledger {
     // foldhash: fast on short keys, and seeded per process so ids chosen by a hostile writer
     // cannot be made to collide.
     claims: HashMap<Box<str>, Claim, RandomState>,
-    requests: HashMap<Box<str>, Request, RandomState>,
+    // Boxed: a request is a few hundred bytes, and growing the map moves only pointers.
+    requests: HashMap<Box<str>, Box<Request>, RandomState>,
 }
 
 impl Ledger {
@@ -471,7 +472,7 @@ impl Ledger {
             Kind::Request => {
                 self.requests.insert(
                     line.id.as_str().into(),
-                    Request {
+                    Box::new(Request {
                         id: line.id,
                         requester: line.from,
                         addressee: line.to,
@@ -492,7 +493,7 @@ impl Ledger {
                         escalated: false,
                         rings_total: 0,
                         location: None,
-                    },
+                    }),
                 );
             }
             Kind::Response => {
@@ -555,11 +556,11 @@ impl Ledger {
 
     #[must_use]
     pub fn request(&self, id: &str) -> Option<&Request> {
-        self.requests.get(id)
+        self.requests.get(id).map(|request| &**request)
     }
 
     pub fn requests(&self) -> impl Iterator<Item = &Request> {
-        self.requests.values()
+        self.requests.values().map(|request| &**request)
     }
 
     /// Open requests, oldest state first.

@@ -442,8 +442,10 @@ impl JournalWriter {
         // Serialise into a reused buffer first: one copy into the writer per record, and the
         // length known exactly.
         self.scratch.clear();
-        serde_json::to_writer(&mut self.scratch, record)
-            .map_err(|e| Error::io("write journal", &self.path)(e.into()))?;
+        if !crate::journal_json::write_plain(&mut self.scratch, record) {
+            serde_json::to_writer(&mut self.scratch, record)
+                .map_err(|e| Error::io("write journal", &self.path)(e.into()))?;
+        }
         self.scratch.push(b'\n');
         self.out
             .write_all(&self.scratch)

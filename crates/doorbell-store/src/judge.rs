@@ -718,27 +718,25 @@ impl Judge {
             (None, None) => Some(identity_of(bytes)),
         };
         let span = bytes.len() as u64 + 1;
-        let arrival = accepted
-            .as_ref()
-            .map(|a| (a.id.clone(), a.from.clone(), a.kind));
-        self.record(
-            name, gen, offset, span, &verdict, identity, accepted, now, stats,
-        )?;
-        if let Some((id, from, kind)) = arrival {
-            let entry = stats
-                .arrivals
-                .entry(name.to_owned())
-                .or_insert_with(|| Arrival {
+        if let Some(line) = &accepted {
+            let entry = match stats.arrivals.get_mut(name) {
+                Some(entry) => entry,
+                None => stats.arrivals.entry(name.to_owned()).or_insert(Arrival {
                     count: 0,
                     last_id: String::new(),
                     last_from: String::new(),
-                    last_kind: kind,
-                });
+                    last_kind: line.kind,
+                }),
+            };
             entry.count += 1;
-            entry.last_id = id;
-            entry.last_from = from;
-            entry.last_kind = kind;
+            // Reuses the strings' buffers: one arrival per line adds up in a catch-up.
+            entry.last_id.clone_from(&line.id);
+            entry.last_from.clone_from(&line.from);
+            entry.last_kind = line.kind;
         }
+        self.record(
+            name, gen, offset, span, &verdict, identity, accepted, now, stats,
+        )?;
         // Lines that were waiting for this request can be judged now.
         if let (Some(id), Some(held)) = (new_request, held) {
             for line in held.remove(&id).unwrap_or_default() {

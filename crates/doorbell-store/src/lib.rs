@@ -15,6 +15,7 @@ pub mod cursor;
 mod error;
 pub mod hash;
 pub mod journal;
+mod journal_json;
 pub mod judge;
 pub mod lock;
 pub mod reader;
