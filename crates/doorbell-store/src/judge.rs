@@ -439,39 +439,48 @@ impl Judge {
         self.journal.len()
     }
 
-    /// Open the inbox now at `name`'s path, draining the file the judge had open there when it
-    /// was replaced or deleted since.
+    /// The inbox now at `name`'s path, with its metadata, draining the file the judge had open
+    /// there when it was replaced or deleted since. The file already open is reused when the
+    /// path still names it.
     fn current_file(
         &mut self,
         name: &str,
         now: DateTime<Utc>,
         held: &mut HashMap<String, Vec<Held>>,
         stats: &mut CatchUp,
-    ) -> Result<Option<File>> {
+    ) -> Result<Option<(File, std::fs::Metadata)>> {
         let path = self.bridge.inbox_path(name)?;
-        let current = match open_inbox(&path, false) {
-            Ok(file) => Some(file),
+        let at_path = match std::fs::symlink_metadata(&path) {
+            Ok(meta) => Some((meta.dev(), meta.ino())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Error::io("stat inbox", &path)(e)),
+        };
+        if let Some(open) = self.files.remove(name) {
+            if at_path == Some((open.dev, open.ino)) {
+                let meta = open
+                    .file
+                    .metadata()
+                    .map_err(Error::io("stat inbox", &path))?;
+                return Ok(Some((open.file, meta)));
+            }
+            self.drain(name, &open, now, held, stats)?;
+        }
+        if at_path.is_none() {
+            return Ok(None);
+        }
+        let file = match open_inbox(&path, false) {
+            Ok(file) => file,
             Err(Error::NotRegularFile { path }) => {
                 tracing::warn!(path = %path.display(), "refusing an inbox that is not a regular file");
-                None
+                return Ok(None);
             }
-            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => None,
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(None)
+            }
             Err(e) => return Err(e),
         };
-        let identity = match &current {
-            Some(file) => {
-                let meta = file.metadata().map_err(Error::io("stat inbox", &path))?;
-                Some((meta.dev(), meta.ino()))
-            }
-            None => None,
-        };
-        if let Some(old) = self.files.get(name) {
-            if Some((old.dev, old.ino)) != identity {
-                let old = self.files.remove(name).expect("just seen");
-                self.drain(name, &old, now, held, stats)?;
-            }
-        }
-        Ok(current)
+        let meta = file.metadata().map_err(Error::io("stat inbox", &path))?;
+        Ok(Some((file, meta)))
     }
 
     /// Read a replaced or deleted inbox's old file to its end, as its own generation.
@@ -507,24 +516,23 @@ impl Judge {
         held: &mut HashMap<String, Vec<Held>>,
         stats: &mut CatchUp,
     ) -> Result<()> {
-        let Some(file) = self.current_file(name, now, held, stats)? else {
+        let Some((file, meta)) = self.current_file(name, now, held, stats)? else {
             return Ok(());
         };
-        let gen = self.check_generation(name, &file, now, stats)?;
+        let gen = self.check_generation(name, &file, &meta, now, stats)?;
         let end = self.read_lines(name, gen, &file, now, held, stats)?;
         let marked = self.snapshot.inboxes[name].mark.map(|(offset, _)| offset);
         if end > 0 && marked != Some(end) {
             let path = self.bridge.inbox_path(name)?;
             if let Some(marker) = Marker::of(&file, end).map_err(Error::io("read inbox", &path))? {
-                self.mark(name, gen, end, &file, Some(marker), now)?;
+                self.mark(name, gen, end, &meta, Some(marker), now)?;
             }
         }
-        self.keep_open(name, file)?;
+        self.keep_open(name, file, &meta);
         Ok(())
     }
 
-    fn keep_open(&mut self, name: &str, file: File) -> Result<()> {
-        let meta = file.metadata().map_err(Error::io("stat inbox", name))?;
+    fn keep_open(&mut self, name: &str, file: File, meta: &std::fs::Metadata) {
         self.uses += 1;
         if self.files.len() >= OPEN_FILES && !self.files.contains_key(name) {
             if let Some(oldest) = self
@@ -545,7 +553,6 @@ impl Judge {
                 used: self.uses,
             },
         );
-        Ok(())
     }
 
     /// Judge the complete lines of `file` from where judging stopped in generation `gen`.
@@ -610,13 +617,13 @@ impl Judge {
         &mut self,
         name: &str,
         file: &File,
+        meta: &std::fs::Metadata,
         now: DateTime<Utc>,
         stats: &mut CatchUp,
     ) -> Result<u32> {
-        let meta = file.metadata().map_err(Error::io("stat inbox", name))?;
         let known = self.snapshot.inboxes.get(name);
         let Some(known) = known else {
-            self.mark(name, 0, 0, file, None, now)?;
+            self.mark(name, 0, 0, meta, None, now)?;
             return Ok(0);
         };
         let resume = known
@@ -641,7 +648,7 @@ impl Judge {
             "inbox was truncated, replaced or recreated: reading it from the start as a new generation"
         );
         stats.new_generations += 1;
-        self.mark(name, gen, 0, file, None, now)?;
+        self.mark(name, gen, 0, meta, None, now)?;
         Ok(gen)
     }
 
@@ -650,11 +657,10 @@ impl Judge {
         name: &str,
         gen: u32,
         offset: u64,
-        file: &File,
+        meta: &std::fs::Metadata,
         marker: Option<Marker>,
         now: DateTime<Utc>,
     ) -> Result<()> {
-        let meta = file.metadata().map_err(Error::io("stat inbox", name))?;
         let mut record = Record::new(name, gen, offset, Word::Mark, now.timestamp_millis());
         record.dev = Some(meta.dev());
         record.ino = Some(meta.ino());
