@@ -677,8 +677,16 @@ impl Judge {
         mut held: Option<&mut HashMap<String, Vec<Held>>>,
         stats: &mut CatchUp,
     ) -> Result<()> {
+        // The judge's own line: an id it journaled and, while its intent is open, exactly the
+        // line it means to write, in the inbox it means. Anyone can predict a reserved id; a
+        // copy elsewhere or with other words must not pass for the bridge's line, close the
+        // intent and stop the real one.
         let own_ids = &self.snapshot.own_ids;
-        let own = |id: &str| own_ids.contains(id);
+        let intents = &self.snapshot.intents;
+        let own = |id: &str| match intents.get(id) {
+            Some(intent) => intent.inbox == name && intent.line.as_bytes() == bytes,
+            None => own_ids.contains(id),
+        };
         let (verdict, envelope) = judge_line(
             bytes,
             name,
