@@ -151,8 +151,87 @@ fn stop(mut daemon: Daemon) {
     );
 }
 
+/// A program's full path on `PATH`.
+fn which(program: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{program} not found on PATH"))
+}
+
 // ---------------------------------------------------------------------------------------------
 // 1. A symlinked inbox.
+
+/// Fake `date` and `flock` programs that swap the inbox for a symlink while the script runs:
+/// `date` runs after the script's symlink check and before it opens the inbox; `flock` runs
+/// after the open and puts the real inbox back, so a check by name alone passes again.
+fn swapping_path(bridge: &Bridge, inbox: &Path, target: &Path) -> std::ffi::OsString {
+    let bin = bridge.tmp.path().join("swap-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let saved = inbox.with_extension("saved");
+    let date = format!(
+        "#!/bin/sh\nif [ -f '{inbox}' ] && [ ! -L '{inbox}' ]; then mv '{inbox}' '{saved}' && ln -s '{target}' '{inbox}'; fi\nexec '{real}' \"$@\"\n",
+        inbox = inbox.display(),
+        saved = saved.display(),
+        target = target.display(),
+        real = which("date").display(),
+    );
+    let flock = format!(
+        "#!/bin/sh\nif [ -L '{inbox}' ] && [ -f '{saved}' ]; then rm '{inbox}' && mv '{saved}' '{inbox}'; fi\nexec '{real}' \"$@\"\n",
+        inbox = inbox.display(),
+        saved = saved.display(),
+        real = which("flock").display(),
+    );
+    for (name, text) in [("date", date), ("flock", flock)] {
+        let path = bin.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(
+            &path,
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755),
+        )
+        .unwrap();
+    }
+    let mut path = std::ffi::OsString::from(bin.as_os_str());
+    path.push(":");
+    path.push(std::env::var_os("PATH").unwrap_or_default());
+    path
+}
+
+#[test]
+fn script_refuses_to_append_through_a_symlink() {
+    // The name is swapped for a link to a file outside between the script's check and its
+    // open, and swapped back before its re-check: the outside file must stay untouched.
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let outside = bridge.tmp.path().join("victim.txt");
+    std::fs::write(&outside, "precious\n").unwrap();
+    let path = swapping_path(&bridge, &bridge.inbox("web"), &outside);
+    let mut command = bridge.script_command(&["--to", "web", "--from", "design", "SWAPPED"]);
+    command.env("PATH", &path);
+    let script = run(command, None);
+    assert_ne!(script.code, 0, "{script:?}");
+    assert_eq!(
+        std::fs::read_to_string(&outside).unwrap(),
+        "precious\n",
+        "the script wrote through a symlink: {script:?}"
+    );
+    assert!(bridge.lines("web").is_empty());
+
+    // A link to a file that does not exist: following it with `>>` would create it.
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let created = bridge.tmp.path().join("created.txt");
+    let path = swapping_path(&bridge, &bridge.inbox("web"), &created);
+    let mut command = bridge.script_command(&["--to", "web", "--from", "design", "SWAPPED"]);
+    command.env("PATH", &path);
+    let script = run(command, None);
+    assert_ne!(script.code, 0, "{script:?}");
+    assert!(
+        !created.exists(),
+        "the script created a file through a symlink: {script:?}"
+    );
+}
 
 // ---------------------------------------------------------------------------------------------
 // 2. Hostile names.
