@@ -165,6 +165,53 @@ fn which(program: &str) -> PathBuf {
 // ---------------------------------------------------------------------------------------------
 // 1. A symlinked inbox.
 
+#[test]
+fn a_symlinked_inbox_is_never_read_or_written_through() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let outside = bridge.tmp.path().join("outside.jsonl");
+    let planted = format!("{}\n", line("01PLANTED", "design", "x", "note", ""));
+    std::fs::write(&outside, &planted).unwrap();
+    std::os::unix::fs::symlink(&outside, bridge.inbox("x")).unwrap();
+    // And one whose target does not exist yet: a writer that follows it would create it.
+    let missing = bridge.tmp.path().join("created-outside.jsonl");
+    std::os::unix::fs::symlink(&missing, bridge.inbox("z")).unwrap();
+    bridge.send("design", "web", "a real line");
+
+    let run = once(&bridge, &[]);
+    assert!(
+        run.stderr
+            .contains("refusing an inbox that is not a regular file"),
+        "no warning: {}",
+        run.stderr
+    );
+    let verdicts = bridge.verdicts();
+    assert!(
+        verdicts.iter().all(|(inbox, ..)| inbox == "web"),
+        "{verdicts:?}"
+    );
+    assert_eq!(verdicts.len(), 1, "{verdicts:?}");
+
+    for to in ["x", "z"] {
+        let send = bridge.doorbell(&["send", "--to", to, "--from", "design", "via link"]);
+        assert_eq!(send.code, 2, "{send:?}");
+        assert!(
+            send.stderr.contains("not a regular file"),
+            "{}",
+            send.stderr
+        );
+        let script = bridge.script(&["--to", to, "--from", "design", "via link"], None);
+        assert_eq!(script.code, 2, "{script:?}");
+        assert!(script.stderr.contains("symlink"), "{}", script.stderr);
+    }
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), planted);
+    assert!(
+        !missing.exists(),
+        "a file was created through a dangling link"
+    );
+    once(&bridge, &[]);
+    assert!(bridge.verdicts().iter().all(|(inbox, ..)| inbox == "web"));
+}
+
 /// Fake `date` and `flock` programs that swap the inbox for a symlink while the script runs:
 /// `date` runs after the script's symlink check and before it opens the inbox; `flock` runs
 /// after the open and puts the real inbox back, so a check by name alone passes again.

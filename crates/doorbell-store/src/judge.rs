@@ -206,6 +206,11 @@ impl Judge {
     /// Judge everything waiting in every inbox, write every notice due, and judge those
     /// notices too: what `daemon --once` does, and what a command does when no judge runs.
     pub fn catch_up(&mut self, now: DateTime<Utc>) -> Result<CatchUp> {
+        // A symlink, FIFO or device named like an inbox is never read: say so, loudly, rather
+        // than skip it in silence.
+        for path in self.bridge.refused_inboxes()? {
+            tracing::warn!(path = %path.display(), "refusing an inbox that is not a regular file");
+        }
         let mut stats = self.sweep_all(now)?;
         let targets = self.emit(now, &mut stats)?;
         if !targets.is_empty() {
