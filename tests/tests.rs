@@ -10,6 +10,7 @@ mod doorbell;
 mod generated;
 mod read;
 mod script;
+mod security;
 mod send;
 mod senders;
 mod torture;

@@ -244,7 +244,13 @@ impl Daemon {
 
     /// Start a prepared daemon command (e.g. one run through `sh -c 'ulimit ...; exec ...'`)
     /// and wait (up to 30 s) until it says it is judging.
-    pub fn spawn(mut command: Command) -> Daemon {
+    pub fn spawn(command: Command) -> Daemon {
+        Daemon::spawn_within(command, std::time::Duration::from_secs(30))
+    }
+
+    /// Start a prepared daemon command and wait up to `ready_within` until it says it is
+    /// judging (a long catch-up needs longer than the usual 30 s).
+    pub fn spawn_within(mut command: Command, ready_within: std::time::Duration) -> Daemon {
         command
             .env("DOORBELL_LOG", "info")
             .stdin(Stdio::null())
@@ -269,7 +275,7 @@ impl Daemon {
             lines,
             stderr: Vec::new(),
         };
-        daemon.expect_stderr("doorbell: judging", std::time::Duration::from_secs(30));
+        daemon.expect_stderr("doorbell: judging", ready_within);
         daemon
     }
 

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use doorbell_core::debts::{escalation_note, next_due, ring_note, Due, Schedule};
-use doorbell_core::notice::{refusal_notice, RefusedLine, MAX_PER_NOTICE};
+use doorbell_core::notice::{refusal_key, refusal_notice, RefusedLine, MAX_PER_NOTICE};
 use doorbell_core::{
     is_agent_name, judge_line, Accepted, Kind, Limits, Refusal, RefusalReason, Registry, Verdict,
     BUILTIN_LOOPS,
@@ -29,7 +29,9 @@ use doorbell_core::{
 
 use crate::append::{append_line, open_inbox};
 use crate::hash::Marker;
-use crate::journal::{journal_path, JournalWriter, Record, RingRef, Snapshot, Word};
+use crate::journal::{
+    journal_path, JournalFollower, JournalWriter, Record, RingRef, Snapshot, Word,
+};
 use crate::reader::{Line, LineReader};
 use crate::refused::RefusedLog;
 use crate::{Bridge, BridgeLock, Error, Result};
@@ -135,11 +137,23 @@ impl Judge {
     pub fn open(bridge: Bridge, lock: BridgeLock) -> Result<Judge> {
         let state = bridge.state_dir()?;
         let journal_path = journal_path(&bridge);
-        let mut refused_log = RefusedLog::open(&state)?;
         let snapshot = crate::checkpoint::load(&journal_path)?;
+        let tail_from = snapshot.journal_len;
+        // Only refusals journaled after the checkpoint can be missing from the refused log (a
+        // crash between the two writes), so only their keys are looked for in it: memory
+        // follows the journal's unsaved tail, never every refusal there ever was.
+        let mut tail = HashSet::new();
         let snapshot = Snapshot::replay_with(snapshot, &journal_path, &mut |record| {
-            refused_log.log(record);
+            if record.verdict == Word::Refused {
+                tail.insert(refusal_key(&record.inbox, record.gen, record.offset));
+            }
         })?;
+        let mut refused_log = RefusedLog::open(&state, &tail)?;
+        if !tail.is_empty() {
+            drop(tail);
+            JournalFollower::new(journal_path.clone(), tail_from)
+                .read(&mut |record| refused_log.log(&record))?;
+        }
         refused_log.flush()?;
         let journal = JournalWriter::open(&journal_path, snapshot.journal_len)?;
         let limits = Limits {
@@ -206,6 +220,16 @@ impl Judge {
     /// Judge everything waiting in every inbox, write every notice due, and judge those
     /// notices too: what `daemon --once` does, and what a command does when no judge runs.
     pub fn catch_up(&mut self, now: DateTime<Utc>) -> Result<CatchUp> {
+        // A symlink, FIFO or device named like an inbox is never read: say so, loudly, rather
+        // than skip it in silence.
+        for path in self.bridge.refused_inboxes()? {
+            tracing::warn!(path = %path.display(), "refusing an inbox that is not a regular file");
+        }
+        // A symlink, FIFO or device named like an inbox is never read: say so, loudly, rather
+        // than skip it in silence.
+        for path in self.bridge.refused_inboxes()? {
+            tracing::warn!(path = %path.display(), "refusing an inbox that is not a regular file");
+        }
         let mut stats = self.sweep_all(now)?;
         let targets = self.emit(now, &mut stats)?;
         if !targets.is_empty() {
@@ -683,8 +707,16 @@ impl Judge {
         mut held: Option<&mut HashMap<String, Vec<Held>>>,
         stats: &mut CatchUp,
     ) -> Result<()> {
+        // The judge's own line: an id it journaled and, while its intent is open, exactly the
+        // line it means to write, in the inbox it means. Anyone can predict a reserved id; a
+        // copy elsewhere or with other words must not pass for the bridge's line, close the
+        // intent and stop the real one.
         let own_ids = &self.snapshot.own_ids;
-        let own = |id: &str| own_ids.contains(id);
+        let intents = &self.snapshot.intents;
+        let own = |id: &str| match intents.get(id) {
+            Some(intent) => intent.inbox == name && intent.line.as_bytes() == bytes,
+            None => own_ids.contains(id),
+        };
         let (verdict, envelope) = judge_line(
             bytes,
             name,

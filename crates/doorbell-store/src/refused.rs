@@ -34,7 +34,8 @@ pub struct RefusedRecord {
     pub seen_at: i64,
 }
 
-/// The refused log's appender, which knows every key already in it.
+/// The refused log's appender. It remembers which of the refusals it may be shown again (the
+/// journal's tail past the checkpoint) it already holds, and nothing else.
 #[derive(Debug)]
 pub struct RefusedLog {
     out: BufWriter<File>,
@@ -43,9 +44,9 @@ pub struct RefusedLog {
 }
 
 impl RefusedLog {
-    /// Open the log in the judge's folder, reading the keys it holds and cutting off a torn
-    /// last record.
-    pub fn open(state_dir: &Path) -> Result<RefusedLog> {
+    /// Open the log in the judge's folder, cutting off a torn last record, and note which of
+    /// the refusals keyed in `replayed` it already holds.
+    pub fn open(state_dir: &Path, replayed: &HashSet<String>) -> Result<RefusedLog> {
         let path = state_dir.join(REFUSED_FILE);
         let file = OpenOptions::new()
             .create(true)
@@ -59,7 +60,10 @@ impl RefusedLog {
         let end = LineReader::new(1 << 24).read(&file, 0, |line| -> Result<()> {
             if let Line::Complete { bytes, .. } = line {
                 if let Ok(record) = serde_json::from_slice::<RefusedRecord>(bytes) {
-                    keys.insert(refusal_key(&record.inbox, record.generation, record.offset));
+                    let key = refusal_key(&record.inbox, record.generation, record.offset);
+                    if replayed.contains(&key) {
+                        keys.insert(key);
+                    }
                 }
             }
             Ok(())
@@ -79,13 +83,14 @@ impl RefusedLog {
         })
     }
 
-    /// Record a journaled refusal unless it is already here; other records are ignored.
+    /// Record a journaled refusal unless it is already here (each one is shown at most once
+    /// more, by the replay); other records are ignored.
     pub fn log(&mut self, record: &Record) {
         if record.verdict != Word::Refused {
             return;
         }
         let key = refusal_key(&record.inbox, record.gen, record.offset);
-        if !self.keys.insert(key) {
+        if self.keys.remove(&key) {
             return;
         }
         let entry = RefusedRecord {

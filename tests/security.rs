@@ -1,0 +1,1177 @@
+//! The security pass: each case from the attacker's angle. Another agent on the machine writes
+//! whatever it likes into the bridge folder (symlinks, hostile names, borrowed ids, huge or
+//! deep or countless lines, shell metacharacters) and the real `doorbell` binary and
+//! `scripts/doorbell-send` must neither follow it, nor run it, nor fall over.
+//!
+//! `DOORBELL_LONG=1` adds the slow forms (a 1 GiB sparse line).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::OpenOptions;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use doorbell_core::{
+    judge_line, judge_stateless, Ledger, Limits, RefusalReason, Registry, Verdict,
+};
+
+use crate::util::{line, run, Bridge, Daemon, Run, BIN};
+
+const PATIENCE: Duration = Duration::from_secs(30);
+const MIB: u64 = 1024 * 1024;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers.
+
+/// Whether the slow forms were asked for.
+fn long_form(test: &str) -> bool {
+    let on = std::env::var_os("DOORBELL_LONG").is_some_and(|v| v == "1");
+    if !on {
+        println!("{test}: long form skipped; set DOORBELL_LONG=1 to run it");
+    }
+    on
+}
+
+/// Every path under `root` with its kind and size, to prove a command changed nothing.
+fn tree(root: &Path) -> BTreeMap<PathBuf, (String, u64)> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let meta = std::fs::symlink_metadata(entry.path()).unwrap();
+            let kind = if meta.is_dir() {
+                stack.push(entry.path());
+                "dir"
+            } else if meta.file_type().is_symlink() {
+                "symlink"
+            } else {
+                "file"
+            };
+            let size = if meta.is_dir() { 0 } else { meta.len() };
+            out.insert(entry.path(), (kind.to_owned(), size));
+        }
+    }
+    out
+}
+
+/// `doorbell daemon --once` with optional extra global arguments; it must exit 0 and never
+/// panic.
+#[track_caller]
+fn once(bridge: &Bridge, global: &[&str]) -> Run {
+    let mut args = global.to_vec();
+    args.extend(["daemon", "--once"]);
+    let run = bridge.doorbell(&args);
+    assert_eq!(run.code, 0, "daemon --once: {run:?}");
+    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+    run
+}
+
+/// The verdict of the line at `offset` of `inbox`: (verdict, reason).
+fn verdict_at(bridge: &Bridge, inbox: &str, offset: u64) -> Option<(String, Option<String>)> {
+    bridge
+        .verdicts()
+        .into_iter()
+        .find(|(i, o, _, _)| i == inbox && *o == offset)
+        .map(|(_, _, v, r)| (v, r))
+}
+
+/// The lines of an inbox as JSON (lines that are not JSON are left out).
+fn envelopes(bridge: &Bridge, inbox: &str) -> Vec<serde_json::Value> {
+    bridge
+        .lines(inbox)
+        .iter()
+        .filter_map(|l| serde_json::from_slice(l).ok())
+        .collect()
+}
+
+/// Where each line of `bytes` starts.
+fn starts(bytes: &[u8]) -> Vec<u64> {
+    let mut out = vec![0];
+    for (at, b) in bytes.iter().enumerate() {
+        if *b == b'\n' && at + 1 < bytes.len() {
+            out.push(at as u64 + 1);
+        }
+    }
+    out
+}
+
+/// A config file in the test's folder.
+fn config(bridge: &Bridge, text: &str) -> PathBuf {
+    let path = bridge.tmp.path().join("doorbell.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The peak resident size (`VmHWM`) of a live process, in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .expect("VmHWM in /proc/PID/status")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kb * 1024
+}
+
+/// Wait (event-driven) until `path` exists; panic after `timeout`.
+#[track_caller]
+fn wait_for_file(path: &Path, timeout: Duration) {
+    use notify::Watcher;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut watcher = notify::recommended_watcher(move |_event| {
+        let _ = tx.send(());
+    })
+    .unwrap();
+    watcher
+        .watch(path.parent().unwrap(), notify::RecursiveMode::NonRecursive)
+        .unwrap();
+    let deadline = Instant::now() + timeout;
+    while !path.exists() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "{} never appeared", path.display());
+        let _ = rx.recv_timeout(left);
+    }
+}
+
+/// Stop a daemon with SIGTERM; it must exit 0.
+#[track_caller]
+fn stop(mut daemon: Daemon) {
+    daemon.signal("TERM");
+    assert_eq!(
+        daemon.wait_exit(PATIENCE),
+        Some(0),
+        "stderr:\n{}",
+        daemon.stderr.join("\n")
+    );
+}
+
+/// A program's full path on `PATH`.
+fn which(program: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{program} not found on PATH"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. A symlinked inbox.
+
+#[test]
+fn a_symlinked_inbox_is_never_read_or_written_through() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let outside = bridge.tmp.path().join("outside.jsonl");
+    let planted = format!("{}\n", line("01PLANTED", "design", "x", "note", ""));
+    std::fs::write(&outside, &planted).unwrap();
+    std::os::unix::fs::symlink(&outside, bridge.inbox("x")).unwrap();
+    // And one whose target does not exist yet: a writer that follows it would create it.
+    let missing = bridge.tmp.path().join("created-outside.jsonl");
+    std::os::unix::fs::symlink(&missing, bridge.inbox("z")).unwrap();
+    bridge.send("design", "web", "a real line");
+
+    let run = once(&bridge, &[]);
+    assert!(
+        run.stderr
+            .contains("refusing an inbox that is not a regular file"),
+        "no warning: {}",
+        run.stderr
+    );
+    let verdicts = bridge.verdicts();
+    assert!(
+        verdicts.iter().all(|(inbox, ..)| inbox == "web"),
+        "{verdicts:?}"
+    );
+    assert_eq!(verdicts.len(), 1, "{verdicts:?}");
+
+    for to in ["x", "z"] {
+        let send = bridge.doorbell(&["send", "--to", to, "--from", "design", "via link"]);
+        assert_eq!(send.code, 2, "{send:?}");
+        assert!(
+            send.stderr.contains("not a regular file"),
+            "{}",
+            send.stderr
+        );
+        let script = bridge.script(&["--to", to, "--from", "design", "via link"], None);
+        assert_eq!(script.code, 2, "{script:?}");
+        assert!(script.stderr.contains("symlink"), "{}", script.stderr);
+    }
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), planted);
+    assert!(
+        !missing.exists(),
+        "a file was created through a dangling link"
+    );
+    once(&bridge, &[]);
+    assert!(bridge.verdicts().iter().all(|(inbox, ..)| inbox == "web"));
+}
+
+/// Fake `date` and `flock` programs that swap the inbox for a symlink while the script runs:
+/// `date` runs after the script's symlink check and before it opens the inbox; `flock` runs
+/// after the open and puts the real inbox back, so a check by name alone passes again.
+fn swapping_path(bridge: &Bridge, inbox: &Path, target: &Path) -> std::ffi::OsString {
+    let bin = bridge.tmp.path().join("swap-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let saved = inbox.with_extension("saved");
+    let date = format!(
+        "#!/bin/sh\nif [ -f '{inbox}' ] && [ ! -L '{inbox}' ]; then mv '{inbox}' '{saved}' && ln -s '{target}' '{inbox}'; fi\nexec '{real}' \"$@\"\n",
+        inbox = inbox.display(),
+        saved = saved.display(),
+        target = target.display(),
+        real = which("date").display(),
+    );
+    let flock = format!(
+        "#!/bin/sh\nif [ -L '{inbox}' ] && [ -f '{saved}' ]; then rm '{inbox}' && mv '{saved}' '{inbox}'; fi\nexec '{real}' \"$@\"\n",
+        inbox = inbox.display(),
+        saved = saved.display(),
+        real = which("flock").display(),
+    );
+    for (name, text) in [("date", date), ("flock", flock)] {
+        let path = bin.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(
+            &path,
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755),
+        )
+        .unwrap();
+    }
+    let mut path = std::ffi::OsString::from(bin.as_os_str());
+    path.push(":");
+    path.push(std::env::var_os("PATH").unwrap_or_default());
+    path
+}
+
+#[test]
+fn script_refuses_to_append_through_a_symlink() {
+    // The name is swapped for a link to a file outside between the script's check and its
+    // open, and swapped back before its re-check: the outside file must stay untouched.
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let outside = bridge.tmp.path().join("victim.txt");
+    std::fs::write(&outside, "precious\n").unwrap();
+    let path = swapping_path(&bridge, &bridge.inbox("web"), &outside);
+    let mut command = bridge.script_command(&["--to", "web", "--from", "design", "SWAPPED"]);
+    command.env("PATH", &path);
+    let script = run(command, None);
+    assert_ne!(script.code, 0, "{script:?}");
+    assert_eq!(
+        std::fs::read_to_string(&outside).unwrap(),
+        "precious\n",
+        "the script wrote through a symlink: {script:?}"
+    );
+    assert!(bridge.lines("web").is_empty());
+
+    // A link to a file that does not exist: following it with `>>` would create it.
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let created = bridge.tmp.path().join("created.txt");
+    let path = swapping_path(&bridge, &bridge.inbox("web"), &created);
+    let mut command = bridge.script_command(&["--to", "web", "--from", "design", "SWAPPED"]);
+    command.env("PATH", &path);
+    let script = run(command, None);
+    assert_ne!(script.code, 0, "{script:?}");
+    assert!(
+        !created.exists(),
+        "the script created a file through a symlink: {script:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Hostile names.
+
+const BAD_NAMES: [&str; 11] = [
+    "../x",
+    "..",
+    "a/b",
+    "/tmp/x",
+    "é",
+    "wéb",
+    "x\u{202e}y",
+    "",
+    "a b",
+    "Web",
+    "-rf",
+];
+
+#[test]
+fn hostile_names_on_the_command_line_exit_2_and_write_nothing() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let long = "a".repeat(65);
+    let before = tree(bridge.tmp.path());
+    for name in BAD_NAMES.iter().copied().chain([long.as_str()]) {
+        for (to, from) in [(name, "design"), ("web", name)] {
+            let to_flag = format!("--to={to}");
+            let from_flag = format!("--from={from}");
+            let send = bridge.doorbell(&["send", &to_flag, &from_flag, "hi"]);
+            assert_eq!(send.code, 2, "send {to:?} {from:?}: {send:?}");
+            assert!(
+                send.stderr.contains("is not a valid agent name"),
+                "{send:?}"
+            );
+            let script = bridge.script(&[&to_flag, &from_flag, "hi"], None);
+            assert_eq!(script.code, 2, "script {to:?} {from:?}: {script:?}");
+            assert!(script.stderr.contains("invalid agent name"), "{script:?}");
+            for run in [&send, &script] {
+                assert!(!run.stderr.contains("panicked"), "{run:?}");
+            }
+        }
+        let add = bridge.doorbell(&["agent", "add", name]);
+        assert_eq!(add.code, 2, "agent add {name:?}: {add:?}");
+    }
+    // NUL cannot travel in an argument; through stdin it is refused by both senders.
+    let send = bridge.doorbell_stdin(&["send", "--to", "web", "--from", "design", "-"], b"a\0b");
+    assert_eq!(send.code, 2, "{send:?}");
+    let script = bridge.script(&["--to", "web", "--from", "design"], Some(b"a\0b"));
+    assert_eq!(script.code, 2, "{script:?}");
+    assert_eq!(tree(bridge.tmp.path()), before, "something was written");
+}
+
+#[test]
+fn hostile_names_inside_envelopes_are_refused_with_their_reason() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut lines = Vec::new();
+    for bad in [
+        "../x",
+        "..",
+        "a/b",
+        "/etc/passwd",
+        "é",
+        "\\u0000",
+        "x\\u0000y",
+        "a\\/b",
+    ] {
+        lines.push((line("01TO", "design", bad, "note", ""), "bad-field"));
+        lines.push((line("01FROM", bad, "web", "note", ""), "bad-field"));
+    }
+    // A raw NUL or a raw control byte inside a JSON string is not JSON.
+    lines.push((line("01RAWNUL", "design", "we\0b", "note", ""), "bad-json"));
+    lines.push((line("01RAWNUL2", "des\0ign", "web", "note", ""), "bad-json"));
+    // A valid name that is not this inbox's owner, and one that is nobody.
+    lines.push((line("01DOTS", "design", "a..b", "note", ""), "misaddressed"));
+    lines.push((
+        line("01NOBODY", "a..b", "web", "note", ""),
+        "unknown-sender",
+    ));
+    let mut text = String::new();
+    for (l, _) in &lines {
+        text.push_str(l);
+        text.push('\n');
+    }
+    bridge.append_raw("web", text.as_bytes());
+    let before: BTreeSet<PathBuf> = tree(&bridge.dir()).into_keys().collect();
+    once(&bridge, &[]);
+    let offsets = starts(text.as_bytes());
+    for ((l, reason), offset) in lines.iter().zip(offsets) {
+        assert_eq!(
+            verdict_at(&bridge, "web", offset),
+            Some(("refused".to_owned(), Some((*reason).to_owned()))),
+            "{l}"
+        );
+    }
+    // Nothing new in the folder but the judge's own state.
+    let after: BTreeSet<PathBuf> = tree(&bridge.dir()).into_keys().collect();
+    let new: Vec<&PathBuf> = after
+        .difference(&before)
+        .filter(|p| !p.starts_with(bridge.dir().join(".doorbell")))
+        .collect();
+    assert!(new.is_empty(), "{new:?}");
+    assert!(tree(bridge.tmp.path())
+        .keys()
+        .all(|p| p.starts_with(bridge.tmp.path())));
+    // Only design, a station, hears of its refusals; nothing is addressed to a bad name.
+    for inbox in ["web", "human"] {
+        assert!(envelopes(&bridge, inbox)
+            .iter()
+            .all(|e| e["from"] != "bridge"));
+    }
+    let notices: Vec<_> = envelopes(&bridge, "design")
+        .into_iter()
+        .filter(|e| e["from"] == "bridge")
+        .collect();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+}
+
+#[test]
+fn hostile_inbox_file_names_are_never_read_as_inboxes() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let planted = |to: &str| format!("{}\n", line("01PLANTED", "design", to, "note", ""));
+    let mut foreign: Vec<PathBuf> = ["é", "Web", "-x", ".hidden", "", "a b", "wéb"]
+        .iter()
+        .map(|name| {
+            let path = bridge.inbox(name);
+            std::fs::write(&path, planted(name)).unwrap();
+            path
+        })
+        .collect();
+    // A file name that is not UTF-8 at all.
+    let raw = bridge
+        .dir()
+        .join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(b"\xff-inbox.jsonl"));
+    std::fs::write(&raw, planted("x")).unwrap();
+    foreign.push(raw);
+    // `a..b` is a valid name without a slash: a station like any other, inside the folder.
+    std::fs::write(bridge.inbox("a..b"), planted("a..b")).unwrap();
+    let foreign_before: Vec<Vec<u8>> = foreign.iter().map(|p| std::fs::read(p).unwrap()).collect();
+
+    once(&bridge, &[]);
+    let judged: BTreeSet<String> = bridge.verdicts().into_iter().map(|v| v.0).collect();
+    assert_eq!(judged, BTreeSet::from(["a..b".to_owned()]));
+    for command in [
+        &["status"][..],
+        &["agent", "list"],
+        &["check"],
+        &["debts"],
+        &["report"],
+    ] {
+        let run = bridge.doorbell(command);
+        assert!(run.code == 0 || run.code == 2, "{command:?}: {run:?}");
+        assert!(!run.stderr.contains("panicked"), "{command:?}: {run:?}");
+    }
+    let list = bridge.doorbell(&["agent", "list"]);
+    assert!(list.stdout.contains("a..b"), "{list:?}");
+    assert!(
+        !list.stdout.contains("Web") && !list.stdout.contains('é'),
+        "{list:?}"
+    );
+    let id = bridge.send("design", "a..b", "hello dots");
+    assert!(envelopes(&bridge, "a..b")
+        .iter()
+        .any(|e| e["id"] == id.as_str()));
+    for (path, bytes) in foreign.iter().zip(&foreign_before) {
+        assert_eq!(&std::fs::read(path).unwrap(), bytes, "{}", path.display());
+    }
+    assert!(!bridge.tmp.path().join("b-inbox.jsonl").exists());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Reserved ids and built-in loop names used by others.
+
+#[test]
+fn builtin_loop_names_and_reserved_ids_from_others_are_refused_borrowed_name() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let request = bridge
+        .doorbell(&[
+            "send",
+            "--to",
+            "web",
+            "--from",
+            "design",
+            "--kind",
+            "request",
+            "a question",
+        ])
+        .ok()
+        .trim()
+        .to_owned();
+    once(&bridge, &[]);
+    let correlates = format!(r#","correlatesTo":"{request}""#);
+    let forged = [
+        line("01FAKEBRIDGE", "bridge", "web", "note", ""),
+        line("01FAKEDEBT", "debt-loop", "web", "note", &correlates),
+        line("01FAKEREPORT", "report-loop", "web", "note", ""),
+        line(
+            "bridge:refused:0123456789abcdef0123456789abcdef",
+            "design",
+            "web",
+            "note",
+            "",
+        ),
+        line(
+            "ring:0123456789abcdef:0:1",
+            "design",
+            "web",
+            "note",
+            &correlates,
+        ),
+        line("escalation:0123456789abcdef:0", "design", "web", "note", ""),
+        line("report:2026-11-29", "design", "web", "note", ""),
+        // A response that would close the request, under a borrowed name.
+        line(
+            "01FAKECLOSE",
+            "debt-loop",
+            "web",
+            "response",
+            &format!(r#"{correlates},"state":"canceled""#),
+        ),
+    ];
+    let start = std::fs::metadata(bridge.inbox("web")).unwrap().len();
+    let text: String = forged.iter().flat_map(|l| [l.as_str(), "\n"]).collect();
+    bridge.append_raw("web", text.as_bytes());
+    once(&bridge, &[]);
+    for (l, offset) in forged.iter().zip(starts(text.as_bytes())) {
+        assert_eq!(
+            verdict_at(&bridge, "web", start + offset),
+            Some(("refused".to_owned(), Some("borrowed-name".to_owned()))),
+            "{l}"
+        );
+    }
+    // The request is still open, owed by web.
+    let debts = bridge.doorbell(&["debts", "--json"]);
+    assert!(debts.ok().contains(&request), "{debts:?}");
+    // Built-in loops are never answered; design, a station, is told once.
+    let notices: Vec<_> = envelopes(&bridge, "design")
+        .into_iter()
+        .filter(|e| e["from"] == "bridge")
+        .collect();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    let text = notices[0]["message"]["parts"][0]["text"].as_str().unwrap();
+    assert_eq!(text.matches("borrowed-name").count(), 4, "{text}");
+    // Both senders refuse to write such lines at all.
+    for args in [
+        &["--to", "web", "--from", "bridge", "x"][..],
+        &["--to", "web", "--from", "debt-loop", "x"],
+        &["--to", "web", "--from", "design", "--id", "ring:0:0:1", "x"],
+        &[
+            "--to",
+            "web",
+            "--from",
+            "design",
+            "--id",
+            "report:2026-11-29",
+            "x",
+        ],
+    ] {
+        let mut send = vec!["send"];
+        send.extend_from_slice(args);
+        let run = bridge.doorbell(&send);
+        assert_eq!(run.code, 2, "{args:?}: {run:?}");
+        let script = bridge.script(args, None);
+        assert_eq!(script.code, 2, "{args:?}: {script:?}");
+    }
+}
+
+#[test]
+fn a_forged_report_note_id_does_not_stop_the_real_note() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    bridge.send("design", "web", "some traffic");
+    let out = bridge.doorbell(&["report", "--daily"]);
+    out.ok();
+    let reports: Vec<String> = std::fs::read_dir(bridge.dir().join("reports"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    let date = reports[0].strip_suffix(".md").unwrap().to_owned();
+    // The next day's note id, forged before that report exists, by a station and as the loop.
+    let next =
+        chrono::NaiveDate::parse_from_str(&date, "%Y-%m-%d").unwrap() + chrono::Duration::days(1);
+    let forged_id = format!("report:{}", next.format("%Y-%m-%d"));
+    let forged = format!(
+        "{}\n{}\n",
+        line(&forged_id, "report-loop", "human", "note", ""),
+        line(&forged_id, "design", "human", "note", "")
+    );
+    let start = std::fs::metadata(bridge.inbox("human")).unwrap().len();
+    bridge.append_raw("human", forged.as_bytes());
+    once(&bridge, &[]);
+    for offset in starts(forged.as_bytes()) {
+        assert_eq!(
+            verdict_at(&bridge, "human", start + offset),
+            Some(("refused".to_owned(), Some("borrowed-name".to_owned())))
+        );
+    }
+    // Today's real note is there and accepted, once.
+    let real = format!("report:{date}");
+    let human = std::fs::read(bridge.inbox("human")).unwrap();
+    let notes: Vec<u64> = starts(&human)
+        .into_iter()
+        .filter(|&o| {
+            let rest = &human[o as usize..];
+            let end = rest.iter().position(|&b| b == b'\n').unwrap();
+            serde_json::from_slice::<serde_json::Value>(&rest[..end])
+                .is_ok_and(|e| e["id"] == real.as_str() && e["from"] == "report-loop")
+        })
+        .collect();
+    assert_eq!(notes.len(), 1, "{}", String::from_utf8_lossy(&human));
+    assert_eq!(
+        verdict_at(&bridge, "human", notes[0]),
+        Some(("accepted".to_owned(), None))
+    );
+}
+
+#[test]
+fn a_forged_line_cannot_close_a_pending_notice_intent() {
+    // A refusal's notice is journaled as an intent, then written. Simulate a judge killed
+    // between the two (journal cut after the intent, the notice not in the inbox), then let
+    // another agent write a line with the intent's id before the judge comes back.
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    bridge.append_raw(
+        "design",
+        format!(
+            "{}\n",
+            line("01BAD", "web", "design", "note", r#","priority":9"#)
+        )
+        .as_bytes(),
+    );
+    once(&bridge, &[]);
+    let state = bridge.dir().join(".doorbell");
+    let journal = std::fs::read_to_string(state.join("journal.jsonl")).unwrap();
+    let cut = journal
+        .lines()
+        .position(|l| l.contains(r#""v":"i""#))
+        .expect("the notice's intent");
+    let intent: serde_json::Value =
+        serde_json::from_str(journal.lines().nth(cut).unwrap()).unwrap();
+    let id = intent["id"].as_str().unwrap().to_owned();
+    assert_eq!(intent["in"], "web");
+    let kept: String = journal
+        .lines()
+        .take(cut + 1)
+        .flat_map(|l| [l, "\n"])
+        .collect();
+    std::fs::write(state.join("journal.jsonl"), kept).unwrap();
+    for file in ["checkpoint.json", "checkpoint.prev.json"] {
+        let _ = std::fs::remove_file(state.join(file));
+    }
+    std::fs::write(bridge.inbox("web"), "").unwrap();
+
+    // The forgery: the notice's id, as the bridge and as design, in web's inbox and design's.
+    let forged_web = format!(
+        "{}\n",
+        line(&id, "bridge", "web", "note", "").replace("from bridge", "all is well")
+    );
+    bridge.append_raw("web", forged_web.as_bytes());
+    let design_start = std::fs::metadata(bridge.inbox("design")).unwrap().len();
+    bridge.append_raw(
+        "design",
+        format!("{}\n", line(&id, "design", "design", "note", "")).as_bytes(),
+    );
+    once(&bridge, &[]);
+
+    assert_eq!(
+        verdict_at(&bridge, "web", 0),
+        Some(("refused".to_owned(), Some("borrowed-name".to_owned()))),
+        "the forged notice was taken for the bridge's own"
+    );
+    assert_eq!(
+        verdict_at(&bridge, "design", design_start),
+        Some(("refused".to_owned(), Some("borrowed-name".to_owned())))
+    );
+    // The real notice was still written, and accepted.
+    let web = std::fs::read(bridge.inbox("web")).unwrap();
+    let real: Vec<u64> = starts(&web)
+        .into_iter()
+        .skip(1)
+        .filter(|&o| {
+            let rest = &web[o as usize..];
+            let end = rest.iter().position(|&b| b == b'\n').unwrap();
+            serde_json::from_slice::<serde_json::Value>(&rest[..end]).is_ok_and(|e| {
+                e["id"] == id.as_str()
+                    && e["message"]["parts"][0]["text"]
+                        .as_str()
+                        .is_some_and(|t| t.contains("'01BAD'"))
+            })
+        })
+        .collect();
+    assert_eq!(real.len(), 1, "{}", String::from_utf8_lossy(&web));
+    assert_eq!(
+        verdict_at(&bridge, "web", real[0]),
+        Some(("accepted".to_owned(), None))
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. A huge line.
+
+/// Append `len` bytes of `x` (or a hole, when `sparse`) and a newline to `path`.
+fn append_huge(path: &Path, len: u64, sparse: bool) {
+    let mut file = OpenOptions::new().append(true).open(path).unwrap();
+    if sparse {
+        let at = file.metadata().unwrap().len();
+        file.set_len(at + len).unwrap();
+    } else {
+        let chunk = vec![b'x'; MIB as usize];
+        for _ in 0..len / MIB {
+            file.write_all(&chunk).unwrap();
+        }
+        file.write_all(&chunk[..(len % MIB) as usize]).unwrap();
+    }
+    file.write_all(b"\n").unwrap();
+}
+
+/// A line of `len` bytes between two good notes, against `max_line_bytes = 4096`: refused
+/// `line-too-long`, the note after it accepted, the judge's peak memory well under the line.
+fn huge_line_is_refused_in_bounded_memory(len: u64, sparse: bool) {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let config = config(&bridge, "max_line_bytes = 4096\n");
+    let config = config.to_str().unwrap();
+    bridge.send("design", "web", "before");
+    let huge_at = std::fs::metadata(bridge.inbox("web")).unwrap().len();
+    append_huge(&bridge.inbox("web"), len, sparse);
+    let after = bridge.send("design", "web", "after");
+    let after_at = huge_at + len + 1;
+
+    let started = Instant::now();
+    let daemon = Daemon::start(&bridge, &["--config", config]);
+    let peak = peak_rss(daemon.child.id());
+    let took = started.elapsed();
+    println!(
+        "a {len}-byte line: daemon caught up in {took:?}, peak resident {} KiB",
+        peak / 1024
+    );
+    stop(daemon);
+    assert_eq!(
+        verdict_at(&bridge, "web", huge_at),
+        Some(("refused".to_owned(), Some("line-too-long".to_owned())))
+    );
+    assert_eq!(
+        verdict_at(&bridge, "web", after_at),
+        Some(("accepted".to_owned(), None))
+    );
+    assert_eq!(bridge.verdicts().len(), 3, "{:?}", bridge.verdicts());
+    assert!(
+        bridge
+            .read_json("web", &[])
+            .iter()
+            .any(|m| m["envelope"]["id"] == after.as_str()),
+        "the line after the huge one is readable"
+    );
+    assert!(peak < 32 * MIB, "peak resident {} KiB", peak / 1024);
+
+    // The offline check and `daemon --once` see the same, in the same bounds.
+    let check = bridge.doorbell(&["--config", config, "check"]);
+    assert_eq!(check.code, 2, "{check:?}");
+    assert!(check.stdout.contains("line-too-long"), "{check:?}");
+    once(&bridge, &["--config", config]);
+}
+
+#[test]
+fn a_64_mib_line_is_refused_in_bounded_memory_and_the_next_line_accepted() {
+    huge_line_is_refused_in_bounded_memory(64 * MIB, false);
+}
+
+#[test]
+fn long_a_1_gib_sparse_line_is_refused_in_bounded_memory() {
+    if !long_form("long_a_1_gib_sparse_line_is_refused_in_bounded_memory") {
+        return;
+    }
+    huge_line_is_refused_in_bounded_memory(1024 * MIB, true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Nesting a million deep.
+
+const DEEP: usize = 1_000_000;
+
+/// Lines nested a million deep, each otherwise plausible.
+fn deep_lines() -> Vec<Vec<u8>> {
+    let arrays = format!("{}{}", "[".repeat(DEEP), "]".repeat(DEEP));
+    let objects = format!("{}1{}", r#"{"a":"#.repeat(DEEP), "}".repeat(DEEP));
+    let in_data = format!(
+        r#"{{"id":"01DEEP","from":"design","to":"web","kind":"note","createdAt":"2026-11-29T10:00:00Z","message":{{"parts":[{{"type":"data","data":{{"x":{}{}}}}}]}}}}"#,
+        "[".repeat(DEEP),
+        "]".repeat(DEEP)
+    );
+    let unknown_field = format!(r#"{{"from":"design","junk":{}"#, r#"{"a":"#.repeat(DEEP));
+    let open_only = format!(r#"{{"id":{}"#, "[".repeat(DEEP));
+    [arrays, objects, in_data, unknown_field, open_only]
+        .into_iter()
+        .map(String::into_bytes)
+        .collect()
+}
+
+#[test]
+fn a_million_deep_nesting_is_refused_by_the_judge_without_overflow() {
+    // On a thread with an ordinary 2 MiB stack: a recursive parser would overflow it.
+    std::thread::Builder::new()
+        .stack_size(2 * MIB as usize)
+        .spawn(|| {
+            let limits = Limits {
+                max_line_bytes: 64 * MIB as usize,
+            };
+            let registry = Registry {
+                stations: BTreeSet::from(["web".to_owned(), "design".to_owned()]),
+                loops: BTreeSet::new(),
+            };
+            let ledger = Ledger::default();
+            for bytes in deep_lines() {
+                let refusal = judge_stateless(&bytes, Some("web"), &limits).unwrap_err();
+                assert_eq!(refusal.reason, RefusalReason::BadJson, "{refusal:?}");
+                let (verdict, _) =
+                    judge_line(&bytes, "web", &limits, &registry, &ledger, &|_| false);
+                match verdict {
+                    Verdict::Refused(r) => assert_eq!(r.reason, RefusalReason::BadJson),
+                    other => panic!("{other:?}"),
+                }
+            }
+        })
+        .unwrap()
+        .join()
+        .expect("judging deep nesting panicked");
+}
+
+#[test]
+fn a_million_deep_nesting_is_refused_by_check_and_the_daemon() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let config = config(&bridge, "max_line_bytes = 16777216\n");
+    let config = config.to_str().unwrap();
+    let mut text = Vec::new();
+    for bytes in deep_lines() {
+        text.extend_from_slice(&bytes);
+        text.push(b'\n');
+    }
+    text.extend_from_slice(line("01AFTERDEEP", "design", "web", "note", "").as_bytes());
+    text.push(b'\n');
+    bridge.append_raw("web", &text);
+
+    let check = bridge.doorbell(&[
+        "--config",
+        config,
+        "check",
+        bridge.inbox("web").to_str().unwrap(),
+    ]);
+    assert_eq!(check.code, 2, "{check:?}");
+    assert!(!check.stderr.contains("overflow") && !check.stderr.contains("panicked"));
+    assert_eq!(
+        check.stdout.matches("bad-json").count(),
+        5,
+        "{}",
+        check.stdout
+    );
+
+    once(&bridge, &["--config", config]);
+    let offsets = starts(&text);
+    for &offset in &offsets[..5] {
+        assert_eq!(
+            verdict_at(&bridge, "web", offset),
+            Some(("refused".to_owned(), Some("bad-json".to_owned())))
+        );
+    }
+    assert_eq!(
+        verdict_at(&bridge, "web", offsets[5]),
+        Some(("accepted".to_owned(), None))
+    );
+    // The line whose sender could be read is told about, once.
+    let notices: Vec<_> = envelopes(&bridge, "design")
+        .into_iter()
+        .filter(|e| e["from"] == "bridge")
+        .collect();
+    assert!(notices.len() <= 1, "{notices:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. A million tiny lines.
+
+#[test]
+fn a_million_tiny_lines_each_get_one_verdict_in_bounded_memory() {
+    // A quarter million in the short form (a debug build judges ~25,000 lines a second on a
+    // busy machine), enough for the memory bound to tell a few bytes per refusal from a
+    // hundred; the full million with DOORBELL_LONG=1.
+    let long = long_form("a_million_tiny_lines: the full million");
+    tiny_lines_each_get_one_verdict_in_bounded_memory(if long { 1_000_000 } else { 250_000 });
+}
+
+fn tiny_lines_each_get_one_verdict_in_bounded_memory(tiny: usize) {
+    const FROM_DESIGN: usize = 1_000;
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    // `{}`, `1` and blank-ish garbage, with a refused line from a station every 1000th.
+    let mut text = Vec::with_capacity(tiny * 3 + FROM_DESIGN * 200);
+    let mut from_design = Vec::new();
+    for i in 0..tiny {
+        if i % (tiny / FROM_DESIGN) == 0 {
+            from_design.push(text.len() as u64);
+            let id = format!("01TINY{i}");
+            text.extend_from_slice(
+                line(&id, "design", "web", "note", r#","priority":7"#).as_bytes(),
+            );
+        } else if i % 2 == 0 {
+            text.extend_from_slice(b"{}");
+        } else {
+            text.extend_from_slice(b"1");
+        }
+        text.push(b'\n');
+    }
+    bridge.append_raw("web", &text);
+    drop(text);
+
+    let started = Instant::now();
+    let daemon = Daemon::spawn_within(bridge.command(&["daemon"]), Duration::from_secs(300));
+    let caught_up = started.elapsed();
+    let peak = peak_rss(daemon.child.id());
+    stop(daemon);
+    println!(
+        "{tiny} tiny lines: daemon caught up in {caught_up:?}, peak resident {} KiB",
+        peak / 1024
+    );
+
+    // Every line has exactly one verdict, every one refused; counted straight from the
+    // journal (a million records).
+    let journal = std::fs::read_to_string(bridge.dir().join(".doorbell/journal.jsonl")).unwrap();
+    let mut offsets = Vec::with_capacity(tiny);
+    for record in journal.lines().filter(|l| l.starts_with(r#"{"in":"web""#)) {
+        if record.contains(r#""v":"m""#) || record.contains(r#""v":"i""#) {
+            continue;
+        }
+        assert!(record.contains(r#""v":"r""#), "{record}");
+        let at = record.find(r#""o":"#).unwrap() + 4;
+        let end = at + record[at..].find(|c: char| !c.is_ascii_digit()).unwrap();
+        offsets.push(record[at..end].parse::<u64>().unwrap());
+    }
+    assert_eq!(offsets.len(), tiny, "one verdict per line");
+    let unique: BTreeSet<u64> = offsets.iter().copied().collect();
+    assert_eq!(unique.len(), tiny, "no line judged twice");
+
+    // One notice policy: garbage without a sender is told to nobody; design's refusals are
+    // coalesced, each named in exactly one notice.
+    assert!(envelopes(&bridge, "web")
+        .iter()
+        .all(|e| e["from"] != "bridge"));
+    assert!(envelopes(&bridge, "human").is_empty());
+    let notices: Vec<_> = envelopes(&bridge, "design")
+        .into_iter()
+        .filter(|e| e["from"] == "bridge")
+        .collect();
+    let per_notice = doorbell_core::notice::MAX_PER_NOTICE;
+    assert_eq!(notices.len(), FROM_DESIGN.div_ceil(per_notice), "coalesced");
+    let all_text: String = notices
+        .iter()
+        .map(|n| {
+            n["message"]["parts"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    for i in (0..tiny).step_by(tiny / FROM_DESIGN) {
+        let named = format!("'01TINY{i}'");
+        assert_eq!(all_text.matches(&named).count(), 1, "{named}");
+    }
+    // Memory: the judge keeps a few words per refusal (which offsets were refused), no more;
+    // a set of every refusal's key, as the refused log once kept, costs 100 bytes or more each.
+    let bound = 16 * MIB + 40 * tiny as u64;
+    assert!(
+        peak < bound,
+        "peak resident {} KiB, bound {} KiB",
+        peak / 1024,
+        bound / 1024
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Hooks are never given message text.
+
+#[test]
+fn hooks_never_see_message_text_or_run_it() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let out = bridge.tmp.path().join("hook.dump");
+    let pwned = bridge.tmp.path().join("pwned");
+    // The hook dumps its argv, environment and stdin.
+    let dump = format!(
+        "{{ printf 'argv:'; printf ' [%s]' \"$0\" \"$@\"; echo; env; echo stdin:; cat; }} > '{0}.tmp' && mv '{0}.tmp' '{0}'",
+        out.display()
+    );
+    let config = config(
+        &bridge,
+        &format!(
+            "[[agent]]\nname = \"web\"\nhook = [\"sh\", \"-c\", {}, \"hook\", \"fixed\"]\n",
+            serde_json::to_string(&dump).unwrap()
+        ),
+    );
+    let daemon = Daemon::start(&bridge, &["--config", config.to_str().unwrap()]);
+    let canary = "CANARY7F3A";
+    let p = pwned.display();
+    let text = format!(
+        "{canary} $(touch {p}1) `touch {p}2`; touch {p}3 | touch {p}4 && touch {p}5 ' \" \\ $HOME ${{IFS}} {canary}"
+    );
+    let id = bridge
+        .doorbell(&[
+            "send",
+            "--to",
+            "web",
+            "--from",
+            "design",
+            "--kind",
+            "request",
+            "--task-id",
+            &format!("{canary}-task"),
+            "--data",
+            &format!(r#"{{"cmd":"$(touch {p}6) {canary}"}}"#),
+            &text,
+        ])
+        .ok()
+        .trim()
+        .to_owned();
+    wait_for_file(&out, PATIENCE);
+    stop(daemon);
+    let dump = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        !dump.contains(canary),
+        "message content reached the hook:\n{dump}"
+    );
+    assert!(dump.contains("argv: [hook] [fixed]\n"), "{dump}");
+    assert!(dump.contains(&format!("DOORBELL_ID={id}\n")), "{dump}");
+    assert!(dump.contains("DOORBELL_AGENT=web\n"), "{dump}");
+    assert!(dump.ends_with("stdin:\n"), "the hook had a stdin:\n{dump}");
+    for n in 1..=6 {
+        let path = PathBuf::from(format!("{p}{n}"));
+        assert!(
+            !path.exists(),
+            "{} was created: text was run",
+            path.display()
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Folder and file modes.
+
+/// A `doorbell` command run under `umask 000`.
+fn permissive(bridge: &Bridge, args: &[&str]) -> Run {
+    let mut command = Command::new("sh");
+    bridge.env(&mut command);
+    command
+        .args(["-c", "umask 000 && exec \"$0\" \"$@\"", BIN])
+        .args(args);
+    run(command, None)
+}
+
+#[test]
+fn every_file_and_folder_is_private_even_under_umask_000() {
+    let bridge = Bridge::new();
+    // doorbell creates the folder itself.
+    std::fs::remove_dir(bridge.dir()).unwrap();
+    for name in ["web", "design", "human"] {
+        permissive(&bridge, &["agent", "add", name]).ok();
+    }
+    permissive(
+        &bridge,
+        &[
+            "send", "--to", "web", "--from", "design", "--kind", "request", "q",
+        ],
+    )
+    .ok();
+    let mut command = Command::new("sh");
+    bridge.env(&mut command);
+    command
+        .args(["-c", "umask 000 && exec sh \"$@\"", "sh"])
+        .arg(crate::util::script())
+        .args(["--to", "design", "--from", "web", "via the script"]);
+    run(command, None).ok();
+    bridge.append_raw("design", b"not json\n");
+    permissive(&bridge, &["daemon", "--once"]).ok();
+    permissive(&bridge, &["report", "--daily"]).ok();
+    permissive(&bridge, &["read", "web"]).ok();
+    permissive(
+        &bridge,
+        &["send", "--to", "web", "--from", "design", "again"],
+    )
+    .ok();
+    permissive(&bridge, &["daemon", "--once"]).ok();
+
+    let state = bridge.dir().join(".doorbell");
+    for expected in [
+        state.join("journal.jsonl"),
+        state.join("checkpoint.json"),
+        state.join("checkpoint.prev.json"),
+        state.join("refused.jsonl"),
+        state.join("lock"),
+        bridge.dir().join("web-inbox.cursor"),
+    ] {
+        assert!(expected.exists(), "{} was not created", expected.display());
+    }
+    let mut seen = 0;
+    let mut wrong = Vec::new();
+    let mut check = |path: &Path, want: u32| {
+        let mode = std::fs::symlink_metadata(path).unwrap().mode() & 0o7777;
+        seen += 1;
+        if mode != want {
+            wrong.push(format!("{} is {mode:o}, not {want:o}", path.display()));
+        }
+    };
+    check(&bridge.dir(), 0o700);
+    for (path, (kind, _)) in tree(&bridge.dir()) {
+        check(&path, if kind == "dir" { 0o700 } else { 0o600 });
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    assert!(seen >= 12, "only {seen} paths");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. No network port.
+
+/// The inodes of every socket `pid` holds open.
+fn sockets_of(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            target
+                .strip_prefix("socket:[")
+                .and_then(|s| s.strip_suffix(']'))
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+/// Every inode of an IP socket on the machine's (this namespace's) tables.
+fn network_inodes() -> BTreeSet<String> {
+    let mut inodes = BTreeSet::new();
+    for table in ["tcp", "tcp6", "udp", "udp6", "raw", "raw6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/net/{table}")) else {
+            continue;
+        };
+        for row in text.lines().skip(1) {
+            if let Some(inode) = row.split_whitespace().nth(9) {
+                inodes.insert(inode.to_owned());
+            }
+        }
+    }
+    inodes
+}
+
+#[track_caller]
+fn assert_no_network_socket(pid: u32, what: &str) {
+    let mine = sockets_of(pid);
+    let network = network_inodes();
+    let open: Vec<&String> = mine.iter().filter(|s| network.contains(*s)).collect();
+    assert!(open.is_empty(), "{what} holds network sockets {open:?}");
+    // Whatever sockets it has are local (unix) ones.
+    let unix = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    for socket in &mine {
+        assert!(
+            unix.split_whitespace().any(|field| field == socket),
+            "{what}: socket {socket} is neither IP nor unix"
+        );
+    }
+}
+
+#[test]
+fn the_daemon_and_watch_open_no_network_socket() {
+    // The check itself must be able to see a listening socket.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let network = network_inodes();
+    assert!(
+        sockets_of(std::process::id())
+            .iter()
+            .any(|s| network.contains(s)),
+        "a TCP listener is not visible in /proc/net"
+    );
+    drop(listener);
+
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let id = bridge.send("design", "web", "hello");
+    bridge.wait_for(PATIENCE, "the note judged", |b| b.verdict_count() == 1);
+    assert_no_network_socket(daemon.child.id(), "the daemon");
+
+    let mut watch = bridge.command(&["watch", "web", "--json"]);
+    watch
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .stdin(Stdio::null());
+    let mut watch = watch.spawn().unwrap();
+    let mut printed = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let first: serde_json::Value = serde_json::from_str(&printed.next().unwrap().unwrap()).unwrap();
+    assert_eq!(first["envelope"]["id"], id.as_str());
+    assert_no_network_socket(watch.id(), "watch");
+    watch.kill().unwrap();
+    watch.wait().unwrap();
+    daemon.expect_stderr("judging", PATIENCE);
+    stop(daemon);
+}
