@@ -225,11 +225,6 @@ impl Judge {
         for path in self.bridge.refused_inboxes()? {
             tracing::warn!(path = %path.display(), "refusing an inbox that is not a regular file");
         }
-        // A symlink, FIFO or device named like an inbox is never read: say so, loudly, rather
-        // than skip it in silence.
-        for path in self.bridge.refused_inboxes()? {
-            tracing::warn!(path = %path.display(), "refusing an inbox that is not a regular file");
-        }
         let mut stats = self.sweep_all(now)?;
         let targets = self.emit(now, &mut stats)?;
         if !targets.is_empty() {
