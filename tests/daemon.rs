@@ -1113,3 +1113,48 @@ fn the_hook_runs_with_a_clean_environment_and_no_message_text() {
     );
     stop(daemon);
 }
+
+/// `watch` wakes on an inbox write only when no judge holds the lock; then it judges the line
+/// itself. Checked across a daemon's life: judged by the daemon, then by `watch` once the
+/// daemon is gone.
+#[test]
+fn watch_judges_lines_itself_once_the_daemon_stops() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let mut watch = bridge.command(&["watch", "web", "--json"]);
+    watch
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .stdin(Stdio::null());
+    let mut watch = watch.spawn().unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, printed) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let value: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+            if tx
+                .send(value["envelope"]["id"].as_str().unwrap().to_owned())
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    let note = |id: &str| format!("{}\n", line(id, "design", "web", "note", ""));
+    // `watch` is watching once it has printed the backlog: wait for the first line to come
+    // through the daemon before stopping it.
+    bridge.append_raw("web", note("01WATCHEDBYDAEMON").as_bytes());
+    assert_eq!(printed.recv_timeout(PATIENCE).unwrap(), "01WATCHEDBYDAEMON");
+    daemon.signal("TERM");
+    assert_eq!(daemon.wait_exit(PATIENCE), Some(0));
+    bridge.append_raw("web", note("01WATCHEDALONE").as_bytes());
+    assert_eq!(printed.recv_timeout(PATIENCE).unwrap(), "01WATCHEDALONE");
+    assert_eq!(
+        bridge.verdicts().len(),
+        2,
+        "each line judged once: {:?}",
+        bridge.verdicts()
+    );
+    watch.kill().unwrap();
+    watch.wait().unwrap();
+}

@@ -1,8 +1,14 @@
 //! Waiting for the bridge to change, without polling: one `notify` watch on the bridge folder
 //! (inboxes) and one on `.doorbell/` (the journal). Only writes to inboxes and the journal
-//! wake a waiter; reads (our own included) and cursor files do not.
+//! wake a waiter; reads (our own included) and cursor files do not. A write to an inbox wakes
+//! it only when no judge holds the lock: a running judge will journal the line, and that wakes
+//! it then, without a useless turn on the way.
 
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -14,37 +20,94 @@ use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 pub struct Events {
     _watcher: RecommendedWatcher,
     wakes: Receiver<()>,
+    /// An inbox changed while no judge held the lock, since the last wait.
+    unjudged: Arc<AtomicBool>,
 }
 
-fn wakes_us(event: &notify::Result<notify::Event>) -> bool {
+/// What an event says.
+#[derive(Debug, PartialEq, Eq)]
+enum Change {
+    Nothing,
+    /// The journal grew.
+    Journal,
+    /// An inbox changed, or events were lost.
+    Inbox,
+}
+
+fn change(event: &notify::Result<notify::Event>) -> Change {
     let Ok(event) = event else {
-        return true;
+        return Change::Inbox;
     };
     if event.need_rescan() {
-        return true;
+        return Change::Inbox;
     }
     if matches!(event.kind, EventKind::Access(_)) {
-        return false;
+        return Change::Nothing;
     }
-    event.paths.iter().any(|path| {
-        path.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|name| name == JOURNAL_FILE || inbox_name(name).is_some())
-    })
+    let names = event
+        .paths
+        .iter()
+        .filter_map(|path| path.file_name().and_then(|n| n.to_str()));
+    let mut change = Change::Nothing;
+    for name in names {
+        if inbox_name(name).is_some() {
+            return Change::Inbox;
+        }
+        if name == JOURNAL_FILE {
+            change = Change::Journal;
+        }
+    }
+    change
+}
+
+/// Whether a judge holds the bridge lock right now. Probed with a shared lock that is let go
+/// at once; an error counts as "no judge", which only costs a turn.
+fn judge_running(lock: &File) -> bool {
+    match lock.try_lock_shared() {
+        Ok(()) => {
+            let _ = lock.unlock();
+            false
+        }
+        Err(std::fs::TryLockError::WouldBlock) => true,
+        Err(std::fs::TryLockError::Error(_)) => false,
+    }
 }
 
 impl Events {
     /// Start watching before reading anything, so no change between the two is missed.
     pub fn new(bridge: &Bridge) -> anyhow::Result<Events> {
         let (tx, wakes) = channel();
+        let state = bridge.state_dir()?;
+        let lock_path = state.join("lock");
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&lock_path)
+            .with_context(|| format!("opening {}", lock_path.display()))?;
+        let unjudged = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&unjudged);
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                if wakes_us(&event) {
+                let wake = match change(&event) {
+                    Change::Nothing => false,
+                    Change::Journal => true,
+                    Change::Inbox => {
+                        let idle = !judge_running(&lock);
+                        if idle {
+                            flag.store(true, Ordering::Relaxed);
+                        }
+                        idle
+                    }
+                };
+                if wake {
                     let _ = tx.send(());
                 }
             })
             .context("starting a file watcher")?;
-        let state = bridge.state_dir()?;
         for dir in [bridge.dir(), state.as_path()] {
             watcher
                 .watch(dir, RecursiveMode::NonRecursive)
@@ -53,7 +116,14 @@ impl Events {
         Ok(Events {
             _watcher: watcher,
             wakes,
+            unjudged,
         })
+    }
+
+    /// Whether an inbox changed with no judge running since the last call: then the waiter
+    /// should judge it itself.
+    pub fn take_unjudged(&self) -> bool {
+        self.unjudged.swap(false, Ordering::Relaxed)
     }
 
     /// Block until something changed (true) or `deadline` passed (false).

@@ -56,7 +56,6 @@ pub struct Inbox<'a> {
     pub agent: &'a str,
     pub path: &'a Path,
     pub file: &'a File,
-    pub max_line_bytes: usize,
 }
 
 /// Print the accepted lines of `inbox` (which `journal` describes) from `from` up to where
@@ -66,19 +65,14 @@ pub fn print_accepted(
     journal: &InboxJournal,
     from: u64,
     json: bool,
+    reader: &mut LineReader,
     out: &mut impl Write,
 ) -> anyhow::Result<Printed> {
-    let Inbox {
-        agent,
-        path,
-        file,
-        max_line_bytes,
-    } = *inbox;
+    let Inbox { agent, path, file } = *inbox;
     let limits = Limits {
         max_line_bytes: usize::MAX,
     };
     let now = Utc::now();
-    let mut reader = LineReader::new(max_line_bytes);
     let result = reader.read(file, from, |line| -> Result<(), Stop> {
         let Line::Complete { offset, bytes } = line else {
             return Ok(());
@@ -148,9 +142,9 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
         agent: &args.agent,
         path: &path,
         file: &inbox,
-        max_line_bytes: bridge.max_line_bytes(),
     };
-    let printed = print_accepted(&reading, journal, from, args.json, &mut out)?;
+    let mut reader = LineReader::new(bridge.max_line_bytes());
+    let printed = print_accepted(&reading, journal, from, args.json, &mut reader, &mut out)?;
     if let (Printed::Upto(to), false) = (printed, args.peek) {
         if to > position.offset() {
             cursor::advance(&bridge, &args.agent, &inbox, to)?;

@@ -65,7 +65,9 @@ pub fn run(session: &Session, args: &WaitArgs) -> anyhow::Result<i32> {
             eprintln!("doorbell: timed out waiting for {}", args.id);
             return Ok(TIMED_OUT);
         }
-        judge_if_idle(&bridge)?;
+        if events.take_unjudged() {
+            judge_if_idle(&bridge)?;
+        }
         follower.read(&mut |record| {
             let Some(line) = record
                 .line

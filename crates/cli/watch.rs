@@ -8,6 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor;
 use doorbell_store::journal::{journal_path, JournalFollower};
+use doorbell_store::reader::LineReader;
 
 use crate::args::WatchArgs;
 use crate::events::{judge_if_idle, Events};
@@ -34,15 +35,22 @@ pub fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<i32> {
     warn_replaced(&args.agent, position);
     let mut printed_to = position.offset();
     let mut out = std::io::stdout().lock();
+    let mut reader = LineReader::new(bridge.max_line_bytes());
     loop {
         if identity(&inbox)? == (journal.dev, journal.ino) {
             let reading = Inbox {
                 agent: &args.agent,
                 path: &path,
                 file: &inbox,
-                max_line_bytes: bridge.max_line_bytes(),
             };
-            match print_accepted(&reading, &journal, printed_to, args.json, &mut out)? {
+            match print_accepted(
+                &reading,
+                &journal,
+                printed_to,
+                args.json,
+                &mut reader,
+                &mut out,
+            )? {
                 Printed::ClosedPipe => return Ok(OK),
                 Printed::Upto(to) => {
                     if to > printed_to {
@@ -53,7 +61,9 @@ pub fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<i32> {
             }
         }
         events.wait(None);
-        judge_if_idle(&bridge)?;
+        if events.take_unjudged() {
+            judge_if_idle(&bridge)?;
+        }
         let agent = args.agent.as_str();
         let gen = journal.gen;
         follower.read(&mut |record| {
