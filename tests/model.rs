@@ -1014,6 +1014,16 @@ impl Case {
         file.write_all(content.as_bytes()).unwrap();
         drop(file);
         std::fs::rename(&tmp, self.inbox(&name)).unwrap();
+        self.drained();
+    }
+
+    /// After a replace or delete: the old file's last lines are drained while the daemon runs.
+    /// (A daemon stopped before it drains cannot read a file that is gone: nothing promises
+    /// lines nobody judged before their file was removed, so the model waits for the drain.)
+    fn drained(&self) {
+        if self.daemon.is_some() {
+            self.settle();
+        }
     }
 
     fn delete(&mut self, inbox: usize, late: usize) {
@@ -1028,6 +1038,7 @@ impl Case {
             .mode(0o600)
             .open(self.inbox(&name))
             .unwrap();
+        self.drained();
     }
 
     fn hup(&mut self, good: bool) {
@@ -1138,35 +1149,37 @@ impl Case {
         let mut named = BTreeSet::new();
         for (name, instances) in &self.model.inboxes {
             let bytes = std::fs::read(self.inbox(name)).unwrap();
-            let (lines, _) = split_lines(&bytes);
-            let mut files = 0;
-            for old in &instances[..instances.len() - 1] {
-                let old = old.last.as_ref().expect("closed");
-                files += usize::from(!old.is_empty());
+            let (current, _) = split_lines(&bytes);
+            let mut files: Vec<&[(u64, Vec<u8>)]> = instances[..instances.len() - 1]
+                .iter()
+                .map(|i| i.last.as_deref().expect("closed"))
+                .collect();
+            files.push(&current);
+            files.retain(|lines| !lines.is_empty());
+            let judged: Vec<&BTreeSet<u64>> = gens
+                .get(name.as_str())
+                .map(|g| g.values().collect())
+                .unwrap_or_default();
+            if judged.len() != files.len() {
+                return Err(format!(
+                    "{name}: {} generations with verdicts, {} files with lines",
+                    judged.len(),
+                    files.len()
+                ));
+            }
+            // Each file with lines is its own generation, in order; a replaced file's last
+            // lines are drained into its own.
+            for (n, (lines, judged)) in files.iter().zip(judged).enumerate() {
                 named.extend(
-                    notices_in(name, old)
+                    notices_in(name, lines)
                         .into_iter()
                         .flat_map(|n| n.named)
                         .map(|n| n.key),
                 );
-            }
-            named.extend(
-                notices_in(name, &lines)
-                    .into_iter()
-                    .flat_map(|n| n.named)
-                    .map(|n| n.key),
-            );
-            files += usize::from(!lines.is_empty());
-            let judged = gens.get(name.as_str());
-            let count = judged.map_or(0, BTreeMap::len);
-            if count != files {
-                return Err(format!(
-                    "{name}: {count} generations with verdicts, {files} files with lines"
-                ));
-            }
-            if let Some(last) = judged.and_then(|g| g.values().last()) {
-                if let Some((offset, _)) = lines.iter().find(|(o, _)| !last.contains(o)) {
-                    return Err(format!("{name}: no verdict for the line at byte {offset}"));
+                if let Some((offset, _)) = lines.iter().find(|(o, _)| !judged.contains(o)) {
+                    return Err(format!(
+                        "{name}: no verdict for the line at byte {offset} of its file #{n}"
+                    ));
                 }
             }
         }
@@ -1265,8 +1278,10 @@ impl Case {
                 let offsets: BTreeSet<u64> = lines.iter().map(|(o, _)| *o).collect();
                 let journaled: BTreeSet<u64> = judged.keys().copied().collect();
                 assert_eq!(
-                    journaled, offsets,
-                    "{name} gen {gen}: verdicts vs complete lines"
+                    journaled,
+                    offsets,
+                    "{name} gen {gen}: verdicts vs complete lines; the journal says:\n{}",
+                    journal_of(&self.bridge, name)
                 );
                 notices.extend(notices_in(name, lines));
                 let mut by_offset: HashMap<u64, &Written> = instance
@@ -1461,6 +1476,17 @@ impl Case {
             .map(|a| std::fs::metadata(self.inbox(a)).unwrap().len())
             .collect()
     }
+}
+
+/// The journal's records for `inbox`, as written: for a failure's message.
+fn journal_of(bridge: &Bridge, inbox: &str) -> String {
+    let text =
+        std::fs::read_to_string(bridge.dir().join(".doorbell/journal.jsonl")).unwrap_or_default();
+    let needle = format!(r#"{{"in":"{inbox}""#);
+    text.lines()
+        .filter(|l| l.starts_with(&needle))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 // ---------------------------------------------------------------------------------------------
