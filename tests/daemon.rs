@@ -1051,6 +1051,44 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_keeps_judging() {
     stop(daemon);
 }
 
+/// Found by the model-based torture (tests/model.rs): with a small `max_line_bytes`, the
+/// judge refused its own refusal notice as `line-too-long` when it read it back. The sender was
+/// never told, and the notice's intent stayed open, so every restart wrote it once more.
+#[test]
+fn a_notice_longer_than_max_line_bytes_is_delivered_once_across_restarts() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let config = bridge.tmp.path().join("doorbell.toml");
+    let config_arg = config.to_str().unwrap().to_owned();
+    std::fs::write(&config, "max_line_bytes = 300\n").unwrap();
+    let daemon = Daemon::start(&bridge, &["--config", &config_arg]);
+    refuse(&bridge, "01NOCORRELATION");
+    bridge.wait_for(PATIENCE, "the notice written and judged", |b| {
+        notices_naming(b, "01NOCORRELATION") == 1 && all_judged(b)
+    });
+    let notice = &bridge.lines("design")[0];
+    assert!(notice.len() > 300, "the notice is {} bytes", notice.len());
+    assert_eq!(judged_in(&bridge, "design", 0), [(0, "a".to_owned())]);
+    assert_eq!(
+        read_ids(&bridge, "design").len(),
+        1,
+        "the sender reads its notice"
+    );
+    stop(daemon);
+    for _ in 0..2 {
+        stop(Daemon::start(&bridge, &["--config", &config_arg]));
+    }
+    let daemon = Daemon::start(&bridge, &["--config", &config_arg]);
+    barrier(&bridge);
+    stop(daemon);
+    assert_eq!(
+        bridge.lines("design").len(),
+        1,
+        "the notice was written again"
+    );
+    assert_eq!(notices_naming(&bridge, "01NOCORRELATION"), 1);
+    assert_judged_once(&bridge);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 8. The hook.
 

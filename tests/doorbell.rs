@@ -22,25 +22,12 @@ const EARLY_MS: i64 = 100;
 // ---------------------------------------------------------------------------------------------
 // Helpers. They read complete lines and records only: the judge may be mid-append.
 
-/// A bridge with these agents' inboxes, in memory (`/dev/shm`) when the machine has it.
-///
-/// These tests measure a second-scale schedule. The daemon's periodic checkpoint fsyncs on
-/// the judging thread, and on a disk busy with other tests' fsyncs (the crash torture) one
-/// checkpoint was measured at 19 s, delaying a due ring by as much. In memory an fsync is
-/// free, so what is measured is the schedule; SIGKILL safety needs no disk either.
+/// A bridge with these agents' inboxes, in memory. These tests measure a second-scale
+/// schedule; the daemon's periodic checkpoint fsyncs on the judging thread, and on a disk busy
+/// with other tests' fsyncs (the crash torture) one checkpoint was measured at 19 s, delaying a
+/// due ring by as much.
 fn bridge(names: &[&str]) -> Bridge {
-    let mut builder = tempfile::Builder::new();
-    builder.prefix("doorbell-test");
-    let shm = std::path::Path::new("/dev/shm");
-    let tmp = if shm.is_dir() {
-        builder.tempdir_in(shm).or_else(|_| builder.tempdir())
-    } else {
-        builder.tempdir()
-    }
-    .unwrap();
-    std::fs::create_dir(tmp.path().join("bridge")).unwrap();
-    std::fs::create_dir(tmp.path().join("home")).unwrap();
-    let bridge = Bridge { tmp };
+    let bridge = Bridge::in_memory();
     for name in names {
         bridge.doorbell(&["agent", "add", name]).ok();
     }

@@ -8,6 +8,7 @@ mod check;
 mod daemon;
 mod doorbell;
 mod generated;
+mod model;
 mod read;
 mod script;
 mod security;

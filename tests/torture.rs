@@ -15,9 +15,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
-
-use crate::util::{line, Bridge, Daemon, BIN};
+use crate::util::{
+    line, notices_in, read_records, split_lines, Bridge, Daemon, JournalRecord, Key, Notice,
+    RefusedRecord, BIN,
+};
 
 /// The torture tests run one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -115,65 +116,6 @@ fn names(prefix: &str, count: usize) -> Vec<String> {
 // ---------------------------------------------------------------------------------------------
 // What the bridge folder says: the journal, the inboxes, the refused log, the notices.
 
-#[derive(Debug, Deserialize)]
-struct JournalRecord {
-    #[serde(rename = "in")]
-    inbox: String,
-    #[serde(rename = "g", default)]
-    gen: u32,
-    #[serde(rename = "o")]
-    offset: u64,
-    #[serde(rename = "v")]
-    verdict: String,
-    #[serde(default)]
-    reason: Option<String>,
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(rename = "a", default)]
-    accepted: Option<AcceptedLine>,
-    #[serde(default)]
-    tell: bool,
-}
-
-#[derive(Debug, Deserialize)]
-struct AcceptedLine {
-    id: String,
-    #[serde(rename = "k")]
-    kind: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct RefusedRecord {
-    inbox: String,
-    generation: u32,
-    offset: u64,
-    reason: String,
-    #[serde(default)]
-    id: Option<String>,
-}
-
-/// One refused line as a notice names it.
-#[derive(Debug)]
-struct Named {
-    key: Key,
-    id: Option<String>,
-    reason: String,
-}
-
-/// A refusal notice found in an inbox.
-#[derive(Debug)]
-struct Notice {
-    /// Where the notice line is: the inbox of the station it tells.
-    inbox: String,
-    offset: u64,
-    id: String,
-    text: String,
-    named: Vec<Named>,
-}
-
-/// A line's place: inbox, generation, offset.
-type Key = (String, u32, u64);
-
 /// One look at the bridge folder.
 struct Seen {
     /// Verdicts (not marks or intents), in journal order.
@@ -186,35 +128,6 @@ struct Seen {
     partial: BTreeSet<String>,
     refused: Vec<RefusedRecord>,
     notices: Vec<Notice>,
-}
-
-/// The complete lines of `bytes`, with their offsets; and whether a fragment follows them.
-fn split_lines(bytes: &[u8]) -> (Vec<(u64, Vec<u8>)>, bool) {
-    let mut lines = Vec::new();
-    let mut start = 0;
-    for (at, _) in bytes.iter().enumerate().filter(|(_, &b)| b == b'\n') {
-        lines.push((start as u64, bytes[start..at].to_vec()));
-        start = at + 1;
-    }
-    (lines, start < bytes.len())
-}
-
-fn read_records<T: for<'de> Deserialize<'de>>(path: &Path) -> Vec<T> {
-    let bytes = std::fs::read(path).unwrap_or_default();
-    // A record being written (no newline yet) is not read.
-    split_lines(&bytes)
-        .0
-        .iter()
-        .map(|(offset, l)| {
-            serde_json::from_slice(l).unwrap_or_else(|e| {
-                panic!(
-                    "{} at byte {offset}: {e}: {}",
-                    path.display(),
-                    String::from_utf8_lossy(l)
-                )
-            })
-        })
-        .collect()
 }
 
 fn observe(bridge: &Bridge, inboxes: &[String]) -> Seen {
@@ -238,36 +151,7 @@ fn observe(bridge: &Bridge, inboxes: &[String]) -> Seen {
         if fragment {
             partial.insert(inbox.clone());
         }
-        for (offset, bytes) in &complete {
-            if !bytes.starts_with(br#"{"id":"bridge:"#) {
-                continue;
-            }
-            let envelope: serde_json::Value = serde_json::from_slice(bytes).unwrap();
-            let parts = &envelope["message"]["parts"];
-            let named = parts[1]["data"]["refused"]
-                .as_array()
-                .unwrap_or_else(|| panic!("a notice without its data part: {envelope}"))
-                .iter()
-                .map(|r| Named {
-                    key: (
-                        r["inbox"].as_str().unwrap().to_owned(),
-                        r["generation"].as_u64().unwrap() as u32,
-                        r["offset"].as_u64().unwrap(),
-                    ),
-                    id: r["id"].as_str().map(str::to_owned),
-                    reason: r["reason"].as_str().unwrap().to_owned(),
-                })
-                .collect();
-            assert_eq!(envelope["from"], "bridge", "{envelope}");
-            assert_eq!(envelope["to"], inbox.as_str(), "{envelope}");
-            notices.push(Notice {
-                inbox: inbox.clone(),
-                offset: *offset,
-                id: envelope["id"].as_str().unwrap().to_owned(),
-                text: parts[0]["text"].as_str().unwrap().to_owned(),
-                named,
-            });
-        }
+        notices.extend(notices_in(inbox, &complete));
         lines.insert(inbox.clone(), complete);
     }
     Seen {

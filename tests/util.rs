@@ -5,6 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use serde::Deserialize;
 use tempfile::TempDir;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_doorbell");
@@ -61,6 +62,24 @@ impl Bridge {
             .prefix("doorbell-test")
             .tempdir()
             .unwrap();
+        std::fs::create_dir(tmp.path().join("bridge")).unwrap();
+        std::fs::create_dir(tmp.path().join("home")).unwrap();
+        Bridge { tmp }
+    }
+
+    /// An empty bridge folder in memory (`/dev/shm`) when the machine has it: an fsync there
+    /// is free, so tests that measure a schedule or run many cases are not slowed by a disk
+    /// busy with other tests. SIGKILL safety needs no disk.
+    pub fn in_memory() -> Bridge {
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("doorbell-test");
+        let shm = Path::new("/dev/shm");
+        let tmp = if shm.is_dir() {
+            builder.tempdir_in(shm).or_else(|_| builder.tempdir())
+        } else {
+            builder.tempdir()
+        }
+        .unwrap();
         std::fs::create_dir(tmp.path().join("bridge")).unwrap();
         std::fs::create_dir(tmp.path().join("home")).unwrap();
         Bridge { tmp }
@@ -303,6 +322,44 @@ impl Daemon {
         }
     }
 
+    /// Where the stderr read so far ends, for [`Daemon::expect_stderr_since`]: everything the
+    /// daemon wrote before this call is taken in first, up to the line in the pipe now.
+    pub fn stderr_mark(&mut self) -> usize {
+        while let Ok(line) = self.lines.try_recv() {
+            self.stderr.push(line);
+        }
+        self.stderr.len()
+    }
+
+    /// Wait until a stderr line after `mark` contains `needle`; panic after `timeout`.
+    #[track_caller]
+    pub fn expect_stderr_since(
+        &mut self,
+        mark: usize,
+        needle: &str,
+        timeout: std::time::Duration,
+    ) -> String {
+        if let Some(line) = self.stderr[mark..].iter().find(|l| l.contains(needle)) {
+            return line.clone();
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.stderr.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(error) => panic!(
+                    "daemon never said {needle:?} within {timeout:?} ({error}); stderr:\n{}",
+                    self.stderr[mark..].join("\n")
+                ),
+            }
+        }
+    }
+
     /// Send a signal by name (`TERM`, `KILL`, `HUP`, ...).
     pub fn signal(&self, name: &str) {
         let status = Command::new("kill")
@@ -401,4 +458,136 @@ impl Bridge {
     pub fn verdict_count(&self) -> usize {
         self.verdicts().len()
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the bridge folder says: the journal, the refused log, the notices. Complete lines only:
+// the judge may be mid-append.
+
+/// One record of `.doorbell/journal.jsonl`: a verdict, a mark (`v` = `m`) or an intent (`i`).
+#[derive(Debug, Deserialize)]
+pub struct JournalRecord {
+    #[serde(rename = "in")]
+    pub inbox: String,
+    #[serde(rename = "g", default)]
+    pub gen: u32,
+    #[serde(rename = "o")]
+    pub offset: u64,
+    #[serde(rename = "v")]
+    pub verdict: String,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(rename = "a", default)]
+    pub accepted: Option<AcceptedLine>,
+    #[serde(default)]
+    pub tell: bool,
+}
+
+/// What an accepted line's record says of it.
+#[derive(Debug, Deserialize)]
+pub struct AcceptedLine {
+    pub id: String,
+    #[serde(rename = "k")]
+    pub kind: String,
+}
+
+/// One record of `.doorbell/refused.jsonl`.
+#[derive(Debug, Deserialize)]
+pub struct RefusedRecord {
+    pub inbox: String,
+    pub generation: u32,
+    pub offset: u64,
+    pub reason: String,
+    #[serde(default)]
+    pub id: Option<String>,
+}
+
+/// One refused line as a notice names it.
+#[derive(Debug)]
+pub struct Named {
+    pub key: Key,
+    pub id: Option<String>,
+    pub reason: String,
+}
+
+/// A refusal notice found in an inbox.
+#[derive(Debug)]
+pub struct Notice {
+    /// Where the notice line is: the inbox of the station it tells.
+    pub inbox: String,
+    pub offset: u64,
+    pub id: String,
+    pub text: String,
+    pub named: Vec<Named>,
+}
+
+/// A line's place: inbox, generation, offset.
+pub type Key = (String, u32, u64);
+
+/// The complete lines of `bytes`, with their offsets; and whether a fragment follows them.
+pub fn split_lines(bytes: &[u8]) -> (Vec<(u64, Vec<u8>)>, bool) {
+    let mut lines = Vec::new();
+    let mut start = 0;
+    for (at, _) in bytes.iter().enumerate().filter(|(_, &b)| b == b'\n') {
+        lines.push((start as u64, bytes[start..at].to_vec()));
+        start = at + 1;
+    }
+    (lines, start < bytes.len())
+}
+
+/// The complete records of a JSON-lines file (none when it does not exist).
+pub fn read_records<T: for<'de> Deserialize<'de>>(path: &Path) -> Vec<T> {
+    let bytes = std::fs::read(path).unwrap_or_default();
+    // A record being written (no newline yet) is not read.
+    split_lines(&bytes)
+        .0
+        .iter()
+        .map(|(offset, l)| {
+            serde_json::from_slice(l).unwrap_or_else(|e| {
+                panic!(
+                    "{} at byte {offset}: {e}: {}",
+                    path.display(),
+                    String::from_utf8_lossy(l)
+                )
+            })
+        })
+        .collect()
+}
+
+/// The refusal notices among an inbox's complete lines (`inbox` is the station they tell).
+pub fn notices_in(inbox: &str, lines: &[(u64, Vec<u8>)]) -> Vec<Notice> {
+    let mut notices = Vec::new();
+    for (offset, bytes) in lines {
+        if !bytes.starts_with(br#"{"id":"bridge:"#) {
+            continue;
+        }
+        let envelope: serde_json::Value = serde_json::from_slice(bytes).unwrap();
+        let parts = &envelope["message"]["parts"];
+        let named = parts[1]["data"]["refused"]
+            .as_array()
+            .unwrap_or_else(|| panic!("a notice without its data part: {envelope}"))
+            .iter()
+            .map(|r| Named {
+                key: (
+                    r["inbox"].as_str().unwrap().to_owned(),
+                    r["generation"].as_u64().unwrap() as u32,
+                    r["offset"].as_u64().unwrap(),
+                ),
+                id: r["id"].as_str().map(str::to_owned),
+                reason: r["reason"].as_str().unwrap().to_owned(),
+            })
+            .collect();
+        assert_eq!(envelope["from"], "bridge", "{envelope}");
+        assert_eq!(envelope["to"], inbox, "{envelope}");
+        notices.push(Notice {
+            inbox: inbox.to_owned(),
+            offset: *offset,
+            id: envelope["id"].as_str().unwrap().to_owned(),
+            text: parts[0]["text"].as_str().unwrap().to_owned(),
+            named,
+        });
+    }
+    notices
 }

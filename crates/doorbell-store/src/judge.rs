@@ -605,6 +605,22 @@ impl Judge {
             }
             match line {
                 Line::TooLong { offset, len } => {
+                    // The judge's own notices, rings and report notes can be longer than a
+                    // small `max_line_bytes`: it wrote them, so it reads them back whole.
+                    // Refusing one would leave its intent open, and every restart would write
+                    // it again, never delivered.
+                    if let Some(own) = self.own_line_at(name, file, offset, len)? {
+                        let limits = std::mem::replace(
+                            &mut self.limits,
+                            Limits {
+                                max_line_bytes: usize::MAX,
+                            },
+                        );
+                        let judged =
+                            self.judge_complete(name, gen, offset, &own, now, Some(held), stats);
+                        self.limits = limits;
+                        return judged;
+                    }
                     let refusal = Refusal::new(
                         RefusalReason::LineTooLong,
                         format!("{len} bytes, the limit is {}", self.limits.max_line_bytes),
@@ -628,6 +644,37 @@ impl Judge {
         });
         self.reader = reader;
         result
+    }
+
+    /// The bytes of the over-long line at `offset` when they are exactly a line the judge
+    /// intended to write to this inbox and has not read back yet.
+    fn own_line_at(
+        &self,
+        name: &str,
+        file: &File,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Vec<u8>>> {
+        let Some(intent) = self
+            .snapshot
+            .intents
+            .values()
+            .find(|i| i.inbox == name && i.line.len() as u64 == len)
+        else {
+            return Ok(None);
+        };
+        let mut bytes = vec![0u8; intent.line.len()];
+        match std::os::unix::fs::FileExt::read_exact_at(file, &mut bytes, offset) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(Error::io("read inbox", name)(e)),
+        }
+        let own = self
+            .snapshot
+            .intents
+            .values()
+            .any(|i| i.inbox == name && i.line.as_bytes() == bytes.as_slice());
+        Ok(own.then_some(bytes))
     }
 
     /// Make sure the journal's view of the inbox belongs to this very file; start a new
