@@ -135,7 +135,14 @@ pub fn run(
             judge.checkpoint()?;
         }
     }
-    let mut stats = CatchUp::default();
+    let mut stats = judge.drain_replaced(Utc::now())?;
+    if stats.judged() > 0 {
+        tracing::info!(
+            lines = stats.judged(),
+            "judged the rest of a replaced or deleted inbox before stopping"
+        );
+    }
+    announce(&stats, arrivals);
     if judge.has_untold() {
         judge.emit(Utc::now(), &mut stats)?;
     }

@@ -287,6 +287,29 @@ impl Judge {
         Ok(stats)
     }
 
+    /// Before the judge lets go: when a file it holds open no longer sits at its inbox's path
+    /// (replaced or deleted), read every inbox to its end, that old file first, even if a stop
+    /// interrupted the last sweep. Once this process exits nobody can reach the old file's
+    /// unread lines; what is still at the path waits for the next start as usual.
+    pub fn drain_replaced(&mut self, now: DateTime<Utc>) -> Result<CatchUp> {
+        let replaced = self.files.iter().any(|(name, open)| {
+            let at_path = self
+                .bridge
+                .inbox_path(name)
+                .ok()
+                .and_then(|path| std::fs::symlink_metadata(path).ok())
+                .map(|meta| (meta.dev(), meta.ino()));
+            at_path != Some((open.dev, open.ino))
+        });
+        if !replaced {
+            return Ok(CatchUp::default());
+        }
+        let interrupted = self.interrupt.swap(false, Ordering::Relaxed);
+        let stats = self.sweep_all(now);
+        self.interrupt.store(interrupted, Ordering::Relaxed);
+        stats
+    }
+
     /// Whether any refusal waits for its notice.
     #[must_use]
     pub fn has_untold(&self) -> bool {
