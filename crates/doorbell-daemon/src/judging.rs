@@ -34,7 +34,36 @@ pub enum Input {
     Stop,
 }
 
+/// The judging thread's own deadlines.
+#[derive(Debug, Default)]
+struct Deadlines {
+    notice: Option<Instant>,
+    checkpoint: Option<Instant>,
+    /// Set while writes fail: when to reload from the disk and try again.
+    retry: Option<Instant>,
+    /// How long the last wait before a retry was.
+    backoff: Duration,
+}
+
+/// What the inputs taken at one wake ask for.
+#[derive(Debug, Default)]
+struct Batch {
+    dirty: BTreeSet<String>,
+    rescan: bool,
+    reports: bool,
+    stop: bool,
+    /// A new config to judge with from now on (the latest, when several came).
+    config: Option<Config>,
+    /// When the doorbell next rings, as of this wake.
+    ring: Option<Instant>,
+}
+
 /// Judge until told to stop. Arrivals of accepted lines go to `arrivals` for the hooks.
+///
+/// A failed write (a full disk, a read-only file system) does not stop the daemon: it logs
+/// the error, throws away what it knows, and after a pause (1 s, doubling up to 30 s) loads
+/// it again from the disk and reads every inbox to its end. Nothing journaled is lost and
+/// nothing unjournaled was acted on, so the retry judges exactly the lines that were not.
 pub fn run(
     mut judge: Judge,
     inputs: &Receiver<Input>,
@@ -53,88 +82,146 @@ pub fn run(
         inboxes: judge.snapshot().inboxes.len(),
         judged: stats.judged(),
     });
-    let mut notice_due: Option<Instant> = None;
-    let mut checkpoint_due: Option<Instant> = None;
+    let mut due = Deadlines::default();
     loop {
-        // The doorbell's next ring, on the judge's clock, as a deadline on this thread's.
-        let ring_due = judge.next_due().map(|at| {
-            let wait = (at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
-            Instant::now() + wait
-        });
-        let due = [notice_due, checkpoint_due, ring_due]
-            .into_iter()
-            .flatten()
-            .min();
-        let first = match due {
-            Some(due) => match inputs.recv_timeout(due.saturating_duration_since(Instant::now())) {
-                Ok(input) => Some(input),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => Some(Input::Stop),
-            },
-            None => Some(inputs.recv().unwrap_or(Input::Stop)),
-        };
-        let mut dirty = BTreeSet::new();
-        let mut rescan = false;
-        let mut stop = false;
-        let mut announce_reports = false;
-        let mut take = |input: Input, judge: &mut Judge| -> doorbell_store::Result<()> {
-            match input {
-                Input::Inbox(name) => {
-                    dirty.insert(name);
-                }
-                Input::Rescan => rescan = true,
-                Input::Reports => announce_reports = true,
-                Input::Reload(config) => judge.set_config(config)?,
-                Input::Stop => stop = true,
-            }
-            Ok(())
-        };
-        if let Some(input) = first {
-            take(input, &mut judge)?;
-            // Everything already queued joins this sweep.
-            while let Ok(input) = inputs.try_recv() {
-                take(input, &mut judge)?;
-            }
-        }
-        if stop {
+        let mut batch = receive(&judge, inputs, &due);
+        if batch.stop {
             break;
         }
-        let now = Utc::now();
-        let stats = if rescan {
-            Some(judge.sweep_all(now))
-        } else if dirty.is_empty() {
-            None
-        } else {
-            let names: Vec<String> = dirty.into_iter().collect();
-            Some(judge.sweep(&names, now))
-        };
-        if let Some(stats) = stats {
-            let stats = match stats {
-                // Stopping: everything journaled so far stands; the rest waits for the next start.
-                Err(doorbell_store::Error::Interrupted) => break,
-                other => other?,
-            };
-            if stats.judged() > 0 {
-                checkpoint_due.get_or_insert_with(|| Instant::now() + CHECKPOINT_EVERY);
+        if let Some(config) = batch.config.take() {
+            if let Err(e) = judge.set_config(config) {
+                failed(&mut due, &e);
             }
-            announce(&stats, arrivals);
         }
-        if judge.has_untold() {
-            notice_due.get_or_insert_with(|| Instant::now() + NOTICE_WINDOW);
+        // While writes fail, inputs only wait for the retry (which reads everything anyway).
+        if due.retry.is_some_and(|at| Instant::now() < at) {
+            continue;
         }
-        let now_instant = Instant::now();
-        let ringing = ring_due.is_some_and(|due| due <= now_instant);
-        if announce_reports || ringing || notice_due.is_some_and(|due| due <= now_instant) {
-            notice_due = None;
-            let mut stats = CatchUp::default();
-            // The notices come back as file events and are judged then.
-            judge.emit(Utc::now(), &mut stats)?;
-        }
-        if checkpoint_due.is_some_and(|due| due <= now_instant) {
-            checkpoint_due = None;
-            judge.checkpoint()?;
+        match step(&mut judge, batch, &mut due, arrivals) {
+            Ok(()) => {
+                if due.retry.take().is_some() {
+                    tracing::info!("writing works again: judging resumed");
+                    due.backoff = Duration::ZERO;
+                }
+            }
+            Err(doorbell_store::Error::Interrupted) => break,
+            Err(e) => failed(&mut due, &e),
         }
     }
+    if due.retry.is_some() {
+        tracing::warn!("stopped while writes fail; unjudged lines wait for the next start");
+        return Ok(());
+    }
+    finish(judge, arrivals)
+}
+
+/// Wait for inputs or the first deadline, and take every input already queued with it.
+fn receive(judge: &Judge, inputs: &Receiver<Input>, due: &Deadlines) -> Batch {
+    // The doorbell's next ring, on the judge's clock, as a deadline on this thread's.
+    let ring = judge.next_due().map(|at| {
+        let wait = (at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+        Instant::now() + wait
+    });
+    let next = if due.retry.is_some() {
+        due.retry
+    } else {
+        [due.notice, due.checkpoint, ring]
+            .into_iter()
+            .flatten()
+            .min()
+    };
+    let first = match next {
+        Some(at) => match inputs.recv_timeout(at.saturating_duration_since(Instant::now())) {
+            Ok(input) => Some(input),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => Some(Input::Stop),
+        },
+        None => Some(inputs.recv().unwrap_or(Input::Stop)),
+    };
+    let mut batch = Batch {
+        ring,
+        ..Batch::default()
+    };
+    for input in first
+        .into_iter()
+        .chain(std::iter::from_fn(|| inputs.try_recv().ok()))
+    {
+        match input {
+            Input::Inbox(name) => {
+                batch.dirty.insert(name);
+            }
+            Input::Rescan => batch.rescan = true,
+            Input::Reports => batch.reports = true,
+            Input::Reload(config) => batch.config = Some(config),
+            Input::Stop => batch.stop = true,
+        }
+    }
+    batch
+}
+
+/// Judge what the batch names, and do what is due: notices, rings, reports, a checkpoint.
+fn step(
+    judge: &mut Judge,
+    mut batch: Batch,
+    due: &mut Deadlines,
+    arrivals: &UnboundedSender<(String, Arrival)>,
+) -> doorbell_store::Result<()> {
+    if due.retry.is_some() {
+        judge.reload()?;
+        batch.rescan = true;
+        batch.reports = true;
+    }
+    let now = Utc::now();
+    let stats = if batch.rescan {
+        Some(judge.sweep_all(now)?)
+    } else if batch.dirty.is_empty() {
+        None
+    } else {
+        let names: Vec<String> = batch.dirty.into_iter().collect();
+        Some(judge.sweep(&names, now)?)
+    };
+    if let Some(stats) = stats {
+        if stats.judged() > 0 {
+            due.checkpoint
+                .get_or_insert_with(|| Instant::now() + CHECKPOINT_EVERY);
+        }
+        announce(&stats, arrivals);
+    }
+    if judge.has_untold() {
+        due.notice
+            .get_or_insert_with(|| Instant::now() + NOTICE_WINDOW);
+    }
+    let now_instant = Instant::now();
+    let ringing = batch.ring.is_some_and(|at| at <= now_instant);
+    if batch.reports || ringing || due.notice.is_some_and(|at| at <= now_instant) {
+        due.notice = None;
+        let mut stats = CatchUp::default();
+        // The notices come back as file events and are judged then.
+        judge.emit(Utc::now(), &mut stats)?;
+    }
+    if due.checkpoint.is_some_and(|at| at <= now_instant) {
+        due.checkpoint = None;
+        judge.checkpoint()?;
+    }
+    Ok(())
+}
+
+/// A write failed: say so plainly, and plan the retry.
+fn failed(due: &mut Deadlines, error: &doorbell_store::Error) {
+    due.backoff = (due.backoff * 2).clamp(Duration::from_secs(1), Duration::from_secs(30));
+    if due.retry.is_none() {
+        tracing::error!(%error, "judging paused: a write failed; nothing journaled is lost, and every inbox is read again once writing works");
+    } else {
+        tracing::warn!(%error, retry_in = ?due.backoff, "writing still fails");
+    }
+    due.retry = Some(Instant::now() + due.backoff);
+}
+
+/// Stopping: drain what only this process can reach, write what is due, checkpoint.
+fn finish(
+    mut judge: Judge,
+    arrivals: &UnboundedSender<(String, Arrival)>,
+) -> doorbell_store::Result<()> {
     let mut stats = judge.drain_replaced(Utc::now())?;
     if stats.judged() > 0 {
         tracing::info!(

@@ -16,6 +16,9 @@ use crate::{Error, Result};
 /// Open an existing inbox without following a symlink or blocking on a FIFO, and make sure it
 /// is a regular file.
 pub fn open_inbox(path: &Path, append: bool) -> Result<File> {
+    if append {
+        crate::fault::check(path).map_err(Error::io("open inbox", path))?;
+    }
     let file = OpenOptions::new()
         .read(true)
         .append(append)
@@ -46,7 +49,7 @@ pub fn append_line(path: &Path, line: &[u8]) -> Result<u64> {
         !line.contains(&b'\n'),
         "a line never contains a raw newline"
     );
-    let mut file = open_inbox(path, true)?;
+    let file = open_inbox(path, true)?;
     file.lock().map_err(Error::io("lock inbox", path))?;
     let len = file
         .metadata()
@@ -64,6 +67,10 @@ pub fn append_line(path: &Path, line: &[u8]) -> Result<u64> {
     let offset = len + buf.len() as u64;
     buf.extend_from_slice(line);
     buf.push(b'\n');
+    let mut file = crate::fault::Guarded {
+        file,
+        path: path.to_path_buf(),
+    };
     file.write_all(&buf)
         .map_err(Error::io("append to inbox", path))?;
     // Closing the file releases the lock.

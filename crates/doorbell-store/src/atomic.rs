@@ -6,6 +6,7 @@ use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+use crate::fault::{self, Guarded};
 use crate::{Error, Result};
 
 /// Write `bytes` to `path` atomically.
@@ -18,29 +19,50 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 pub fn replace_with(
     path: &Path,
     previous: Option<&Path>,
-    write: impl FnOnce(&mut BufWriter<File>) -> io::Result<()>,
+    write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let replaced = replace_via(path, &tmp, previous, write);
+    if replaced.is_err() {
+        // Nothing refers to the temp file: leave no litter (and give back the space).
+        let _ = fs::remove_file(&tmp);
+    }
+    replaced
+}
+
+fn replace_via(
+    path: &Path,
+    tmp: &Path,
+    previous: Option<&Path>,
+    write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    fault::check(tmp).map_err(Error::io("write", tmp))?;
     let file = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)
-        .map_err(Error::io("write", &tmp))?;
+        .open(tmp)
+        .map_err(Error::io("write", tmp))?;
+    let file = Guarded {
+        file,
+        path: tmp.to_path_buf(),
+    };
     let mut out = BufWriter::with_capacity(1 << 20, file);
-    write(&mut out).map_err(Error::io("write", &tmp))?;
+    write(&mut out).map_err(Error::io("write", tmp))?;
     let file = out
         .into_inner()
-        .map_err(|e| Error::io("write", &tmp)(e.into_error()))?;
-    file.sync_all().map_err(Error::io("sync", &tmp))?;
+        .map_err(|e| Error::io("write", tmp)(e.into_error()))?;
+    fault::check(tmp).map_err(Error::io("sync", tmp))?;
+    file.file.sync_all().map_err(Error::io("sync", tmp))?;
     drop(file);
+    fault::check(path).map_err(Error::io("rename", path))?;
     if let Some(previous) = previous.filter(|_| path.exists()) {
         fs::rename(path, previous).map_err(Error::io("keep previous copy of", path))?;
     }
-    fs::rename(&tmp, path).map_err(Error::io("rename", path))?;
+    fs::rename(tmp, path).map_err(Error::io("rename", path))?;
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(Error::io("sync folder", dir))

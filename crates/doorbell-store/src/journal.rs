@@ -19,6 +19,7 @@ use doorbell_core::notice::{refusal_key, RefusedLine};
 use doorbell_core::{Accepted, Ledger, RefusalReason};
 use serde::{Deserialize, Serialize};
 
+use crate::fault::Guarded;
 use crate::hash::Marker;
 use crate::reader::{Line, LineReader};
 use crate::{Bridge, Error, Result};
@@ -404,7 +405,9 @@ pub fn journal_path(bridge: &Bridge) -> PathBuf {
 /// killed process), `sync` makes them durable.
 #[derive(Debug)]
 pub struct JournalWriter {
-    out: BufWriter<File>,
+    /// `None` once a write failed: what was buffered is thrown away, never written later
+    /// behind records a reopened writer appends. The judge reloads from the disk instead.
+    out: Option<BufWriter<Guarded>>,
     path: PathBuf,
     /// The journal's length once everything buffered is written.
     len: u64,
@@ -414,6 +417,7 @@ pub struct JournalWriter {
 impl JournalWriter {
     /// Open the journal for appending, cutting off a torn last record at `valid_len`.
     pub fn open(path: &Path, valid_len: u64) -> Result<JournalWriter> {
+        crate::fault::check(path).map_err(Error::io("open journal", path))?;
         let file = OpenOptions::new()
             .create(true)
             .append(true)
@@ -430,28 +434,61 @@ impl JournalWriter {
             file.set_len(valid_len)
                 .map_err(Error::io("repair journal", path))?;
         }
+        let file = Guarded {
+            file,
+            path: path.to_path_buf(),
+        };
         Ok(JournalWriter {
-            out: BufWriter::with_capacity(1 << 20, file),
+            out: Some(BufWriter::with_capacity(1 << 20, file)),
             path: path.to_path_buf(),
             len: valid_len,
             scratch: Vec::with_capacity(1024),
         })
     }
 
+    /// The writer, or the error that it already failed.
+    fn out(&mut self) -> Result<&mut BufWriter<Guarded>> {
+        match &mut self.out {
+            Some(out) => Ok(out),
+            None => Err(Error::io("write journal", &self.path)(
+                std::io::Error::other("an earlier write failed; the journal must be reopened"),
+            )),
+        }
+    }
+
+    /// Give up the writer after a failed write, dropping what it had buffered unwritten.
+    fn fail(&mut self, error: std::io::Error, doing: &'static str) -> Error {
+        self.abandon();
+        Error::io(doing, &self.path)(error)
+    }
+
+    /// Close the writer without writing what it still buffers; every later call fails.
+    pub fn abandon(&mut self) {
+        if let Some(out) = self.out.take() {
+            let (_file, _unwritten) = out.into_parts();
+        }
+    }
+
     pub fn append(&mut self, record: &Record) -> Result<()> {
         // Serialise into a reused buffer first: one copy into the writer per record, and the
         // length known exactly.
-        self.scratch.clear();
-        if !crate::journal_json::write_plain(&mut self.scratch, record) {
-            serde_json::to_writer(&mut self.scratch, record)
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        if !crate::journal_json::write_plain(&mut scratch, record) {
+            serde_json::to_writer(&mut scratch, record)
                 .map_err(|e| Error::io("write journal", &self.path)(e.into()))?;
         }
-        self.scratch.push(b'\n');
-        self.out
-            .write_all(&self.scratch)
-            .map_err(Error::io("write journal", &self.path))?;
-        self.len += self.scratch.len() as u64;
-        Ok(())
+        scratch.push(b'\n');
+        let written = self.out()?.write_all(&scratch);
+        let len = scratch.len() as u64;
+        self.scratch = scratch;
+        match written {
+            Ok(()) => {
+                self.len += len;
+                Ok(())
+            }
+            Err(e) => Err(self.fail(e, "write journal")),
+        }
     }
 
     /// The journal's length once everything appended is written.
@@ -466,17 +503,18 @@ impl JournalWriter {
     }
 
     pub fn flush(&mut self) -> Result<()> {
-        self.out
-            .flush()
-            .map_err(Error::io("write journal", &self.path))
+        match self.out()?.flush() {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.fail(e, "write journal")),
+        }
     }
 
     pub fn sync(&mut self) -> Result<()> {
         self.flush()?;
-        self.out
-            .get_ref()
-            .sync_data()
-            .map_err(Error::io("sync journal", &self.path))
+        match self.out()?.get_ref().sync_data() {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.fail(e, "sync journal")),
+        }
     }
 }
 

@@ -135,27 +135,8 @@ pub struct Judge {
 impl Judge {
     /// Become the judge: load the checkpoint, replay the journal's tail, open it for appending.
     pub fn open(bridge: Bridge, lock: BridgeLock) -> Result<Judge> {
-        let state = bridge.state_dir()?;
         let journal_path = journal_path(&bridge);
-        let snapshot = crate::checkpoint::load(&journal_path)?;
-        let tail_from = snapshot.journal_len;
-        // Only refusals journaled after the checkpoint can be missing from the refused log (a
-        // crash between the two writes), so only their keys are looked for in it: memory
-        // follows the journal's unsaved tail, never every refusal there ever was.
-        let mut tail = HashSet::new();
-        let snapshot = Snapshot::replay_with(snapshot, &journal_path, &mut |record| {
-            if record.verdict == Word::Refused {
-                tail.insert(refusal_key(&record.inbox, record.gen, record.offset));
-            }
-        })?;
-        let mut refused_log = RefusedLog::open(&state, &tail)?;
-        if !tail.is_empty() {
-            drop(tail);
-            JournalFollower::new(journal_path.clone(), tail_from)
-                .read(&mut |record| refused_log.log(&record))?;
-        }
-        refused_log.flush()?;
-        let journal = JournalWriter::open(&journal_path, snapshot.journal_len)?;
+        let (snapshot, journal, refused_log) = load(&bridge, &journal_path)?;
         let limits = Limits {
             max_line_bytes: bridge.max_line_bytes(),
         };
@@ -176,6 +157,23 @@ impl Judge {
             interrupt: Arc::new(AtomicBool::new(false)),
             holds: 0,
         })
+    }
+
+    /// Throw away what the judge knows and load it again from the disk: what to do after a
+    /// write failed (a full disk, a read-only file system), when memory may hold verdicts the
+    /// journal never got. Lines not journaled are judged again at the next sweep; the notices
+    /// this process wrote stay known, so none is written twice.
+    pub fn reload(&mut self) -> Result<()> {
+        // What was buffered describes the state being thrown away: never write it.
+        self.journal.abandon();
+        self.refused_log.abandon();
+        let (snapshot, journal, refused_log) = load(&self.bridge, &self.journal_path)?;
+        self.snapshot = snapshot;
+        self.journal = journal;
+        self.refused_log = refused_log;
+        self.files.clear();
+        self.holds = 0;
+        self.refresh_registry()
     }
 
     /// A flag that, once set, makes the current and every later sweep stop at the next line
@@ -901,6 +899,36 @@ impl Judge {
         self.snapshot.apply(record);
         Ok(())
     }
+}
+
+/// The judge's state as the disk has it: the checkpoint, the journal's tail replayed onto
+/// it, the journal opened for appending (a torn last record cut off) and the refused log
+/// (with what it missed of the tail written now).
+fn load(
+    bridge: &Bridge,
+    journal_path: &std::path::Path,
+) -> Result<(Snapshot, JournalWriter, RefusedLog)> {
+    let state = bridge.state_dir()?;
+    let snapshot = crate::checkpoint::load(journal_path)?;
+    let tail_from = snapshot.journal_len;
+    // Only refusals journaled after the checkpoint can be missing from the refused log (a
+    // crash between the two writes), so only their keys are looked for in it: memory
+    // follows the journal's unsaved tail, never every refusal there ever was.
+    let mut tail = HashSet::new();
+    let snapshot = Snapshot::replay_with(snapshot, journal_path, &mut |record| {
+        if record.verdict == Word::Refused {
+            tail.insert(refusal_key(&record.inbox, record.gen, record.offset));
+        }
+    })?;
+    let mut refused_log = RefusedLog::open(&state, &tail)?;
+    if !tail.is_empty() {
+        drop(tail);
+        JournalFollower::new(journal_path.to_path_buf(), tail_from)
+            .read(&mut |record| refused_log.log(&record))?;
+    }
+    refused_log.flush()?;
+    let journal = JournalWriter::open(journal_path, snapshot.journal_len)?;
+    Ok((snapshot, journal, refused_log))
 }
 
 /// The id and sender a line claims, read as leniently as possible, for telling the sender

@@ -13,6 +13,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod cursor;
 mod error;
+pub mod fault;
 pub mod hash;
 pub mod journal;
 mod journal_json;

@@ -3,7 +3,7 @@
 //! that is already here (after a crash between the two) adds nothing.
 
 use std::collections::HashSet;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use doorbell_core::notice::refusal_key;
 use serde::{Deserialize, Serialize};
 
+use crate::fault::Guarded;
 use crate::journal::{Record, Word};
 use crate::reader::{Line, LineReader};
 use crate::{Error, Result};
@@ -38,7 +39,9 @@ pub struct RefusedRecord {
 /// journal's tail past the checkpoint) it already holds, and nothing else.
 #[derive(Debug)]
 pub struct RefusedLog {
-    out: BufWriter<File>,
+    /// `None` once a write failed: the unwritten rest is dropped, not written later behind a
+    /// reopened log; the judge reloads, and the journal's tail brings back what is missing.
+    out: Option<BufWriter<Guarded>>,
     path: PathBuf,
     keys: HashSet<String>,
 }
@@ -48,6 +51,7 @@ impl RefusedLog {
     /// the refusals keyed in `replayed` it already holds.
     pub fn open(state_dir: &Path, replayed: &HashSet<String>) -> Result<RefusedLog> {
         let path = state_dir.join(REFUSED_FILE);
+        crate::fault::check(&path).map_err(Error::io("open refused log", &path))?;
         let file = OpenOptions::new()
             .create(true)
             .read(true)
@@ -76,8 +80,12 @@ impl RefusedLog {
             file.set_len(end)
                 .map_err(Error::io("repair refused log", &path))?;
         }
+        let file = Guarded {
+            file,
+            path: path.clone(),
+        };
         Ok(RefusedLog {
-            out: BufWriter::new(file),
+            out: Some(BufWriter::new(file)),
             path,
             keys,
         })
@@ -105,22 +113,46 @@ impl RefusedLog {
         };
         let mut line = serde_json::to_vec(&entry).expect("a refused record always serialises");
         line.push(b'\n');
-        if let Err(e) = self.out.write_all(&line) {
+        let Some(out) = &mut self.out else {
+            return;
+        };
+        if let Err(e) = out.write_all(&line) {
             tracing::error!(path = %self.path.display(), error = %e, "could not write the refused log");
+            self.abandon();
+        }
+    }
+
+    /// Close the log without writing what it still buffers; later records are dropped and
+    /// `flush` fails.
+    pub fn abandon(&mut self) {
+        if let Some(out) = self.out.take() {
+            let (_file, _unwritten) = out.into_parts();
+        }
+    }
+
+    fn out(&mut self) -> Result<&mut BufWriter<Guarded>> {
+        match &mut self.out {
+            Some(out) => Ok(out),
+            None => Err(Error::io("write refused log", &self.path)(
+                std::io::Error::other("an earlier write failed; the log must be reopened"),
+            )),
         }
     }
 
     pub fn flush(&mut self) -> Result<()> {
-        self.out
-            .flush()
-            .map_err(Error::io("write refused log", &self.path))
+        let flushed = self.out()?.flush();
+        flushed.map_err(|e| {
+            self.abandon();
+            Error::io("write refused log", &self.path)(e)
+        })
     }
 
     pub fn sync(&mut self) -> Result<()> {
         self.flush()?;
-        self.out
-            .get_ref()
-            .sync_data()
-            .map_err(Error::io("sync refused log", &self.path))
+        let synced = self.out()?.get_ref().sync_data();
+        synced.map_err(|e| {
+            self.abandon();
+            Error::io("sync refused log", &self.path)(e)
+        })
     }
 }

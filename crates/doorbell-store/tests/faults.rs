@@ -1,0 +1,254 @@
+//! Disk faults through the store's seam: a full disk (`ENOSPC`) and a read-only file system
+//! (`EROFS`), starting at every kind of point (before anything, inside a journal record,
+//! between records, in the checkpoint). Whatever the point: no panic, a clear error, no
+//! corrupt journal or checkpoint, and once writes work again a reload judges every line
+//! exactly once.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use chrono::Utc;
+use doorbell_store::append::append_line;
+use doorbell_store::fault::{self, Fault};
+use doorbell_store::journal::{journal_path, Snapshot};
+use doorbell_store::{Bridge, BridgeLock, Config, Error, Judge};
+
+const AGENTS: [&str; 3] = ["web", "design", "human"];
+
+fn note(id: &str, from: &str, to: &str) -> String {
+    format!(
+        r#"{{"id":"{id}","from":"{from}","to":"{to}","kind":"note","createdAt":"2026-11-29T10:00:00Z","message":{{"role":"agent","parts":[{{"type":"text","text":"a few words to make the record longer"}}]}}}}"#
+    )
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    bridge: Bridge,
+    judge: Judge,
+    /// Lines appended, per inbox: their offsets.
+    lines: BTreeMap<String, Vec<u64>>,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let bridge = Bridge::create(dir.path(), Config::default()).unwrap();
+    for agent in AGENTS {
+        bridge.add_agent(agent).unwrap();
+    }
+    let lock = BridgeLock::acquire(&bridge, "test").unwrap();
+    let judge = Judge::open(bridge.clone(), lock).unwrap();
+    Setup {
+        _dir: dir,
+        bridge,
+        judge,
+        lines: BTreeMap::new(),
+    }
+}
+
+impl Setup {
+    /// Append `n` notes to every inbox, plus a refused line (a bad JSON fragment) to each.
+    fn append(&mut self, tag: &str, n: usize) {
+        for to in AGENTS {
+            let path = self.bridge.inbox_path(to).unwrap();
+            for i in 0..n {
+                let from = if to == "web" { "design" } else { "web" };
+                let offset =
+                    append_line(&path, note(&format!("01{tag}{to}{i}"), from, to).as_bytes())
+                        .unwrap();
+                self.lines.entry(to.to_owned()).or_default().push(offset);
+            }
+            let offset = append_line(&path, br#"{"id":"#).unwrap();
+            self.lines.entry(to.to_owned()).or_default().push(offset);
+        }
+    }
+
+    /// Every verdict in the journal, per inbox and offset (current generation only: nothing
+    /// here truncates or replaces).
+    fn verdicts(&self) -> BTreeMap<(String, u64), usize> {
+        let text = std::fs::read_to_string(journal_path(&self.bridge)).unwrap();
+        let mut seen = BTreeMap::new();
+        for line in text.lines() {
+            let record: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("a journal line that does not parse ({e}): {line}"));
+            if ["a", "d", "r"].contains(&record["v"].as_str().unwrap()) {
+                let key = (
+                    record["in"].as_str().unwrap().to_owned(),
+                    record["o"].as_u64().unwrap(),
+                );
+                *seen.entry(key).or_insert(0) += 1;
+            }
+        }
+        seen
+    }
+
+    /// The journal and the checkpoint load; every line has exactly one verdict.
+    fn assert_each_line_judged_once(&self) {
+        let snapshot = Snapshot::load(&self.bridge).expect("checkpoint and journal load");
+        let verdicts = self.verdicts();
+        for (inbox, offsets) in &self.lines {
+            for offset in offsets {
+                assert_eq!(
+                    verdicts.get(&(inbox.clone(), *offset)),
+                    Some(&1),
+                    "{inbox} at {offset}: {verdicts:?}"
+                );
+            }
+            assert_eq!(
+                snapshot.inboxes[inbox].judged_to,
+                std::fs::metadata(self.bridge.inbox_path(inbox).unwrap())
+                    .unwrap()
+                    .len(),
+                "{inbox} judged to its end"
+            );
+        }
+        let judged: usize = self.lines.values().map(Vec::len).sum();
+        assert_eq!(
+            verdicts.len(),
+            judged,
+            "no verdict for anything but these lines"
+        );
+    }
+}
+
+fn is_fault(error: &Error, fault: Fault) -> bool {
+    let code = match fault {
+        Fault::NoSpace => libc::ENOSPC,
+        Fault::ReadOnly => libc::EROFS,
+    };
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return io.raw_os_error() == Some(code);
+        }
+        source = e.source();
+    }
+    false
+}
+
+fn no_litter(dir: &Path) {
+    for entry in std::fs::read_dir(dir.join(".doorbell")).unwrap() {
+        let name = entry.unwrap().file_name();
+        assert!(
+            !name.to_string_lossy().contains(".tmp."),
+            "a temp file was left: {}",
+            name.to_string_lossy()
+        );
+    }
+}
+
+/// A catch-up that hits the fault after `budget` bytes, then recovery.
+fn catch_up_through(fault: Fault, budget: u64) {
+    let mut s = setup();
+    s.append("A", 5);
+    s.judge.catch_up(Utc::now()).unwrap();
+    s.judge.checkpoint().unwrap();
+    s.append("B", 40);
+    fault::inject(s.bridge.dir(), fault, budget);
+    let failed = s.judge.catch_up(Utc::now());
+    let error = failed.expect_err("40 lines need more than the budget");
+    assert!(is_fault(&error, fault), "{error}");
+    assert!(
+        !error.to_string().is_empty() && error.to_string().contains(".doorbell"),
+        "the error names the file: {error}"
+    );
+    // Until writes work, a reload fails cleanly (read-only) or works (full disk: nothing is
+    // written by it) and the next catch-up fails again.
+    let checkpoint = s.judge.checkpoint();
+    assert!(checkpoint.is_err(), "a checkpoint cannot be written either");
+    fault::clear(s.bridge.dir());
+    no_litter(s.bridge.dir());
+    // What is on disk is consistent as it stands: it loads.
+    Snapshot::load(&s.bridge).expect("the journal and checkpoint load after the fault");
+    s.judge.reload().expect("reload once writes work");
+    s.judge.catch_up(Utc::now()).unwrap();
+    s.judge.checkpoint().unwrap();
+    s.assert_each_line_judged_once();
+    // A fresh judge finds nothing left to do.
+    let bridge = s.bridge.clone();
+    drop(s.judge);
+    let lock = BridgeLock::acquire(&bridge, "test").unwrap();
+    let mut again = Judge::open(bridge, lock).unwrap();
+    assert_eq!(again.catch_up(Utc::now()).unwrap().judged(), 0);
+}
+
+#[test]
+fn a_full_disk_at_any_point_of_a_catch_up_loses_and_repeats_nothing() {
+    // 0: nothing gets through; 1 and 150: inside the first record; the rest: between and
+    // inside later records.
+    for budget in [0, 1, 150, 700, 2_000, 5_000, 11_111] {
+        catch_up_through(Fault::NoSpace, budget);
+    }
+}
+
+#[test]
+fn a_read_only_file_system_during_a_catch_up_loses_and_repeats_nothing() {
+    catch_up_through(Fault::ReadOnly, 0);
+}
+
+#[test]
+fn a_failed_checkpoint_leaves_the_last_good_one() {
+    let mut s = setup();
+    s.append("A", 10);
+    s.judge.catch_up(Utc::now()).unwrap();
+    s.judge.checkpoint().unwrap();
+    let saved = std::fs::read(s.bridge.dir().join(".doorbell/checkpoint.json")).unwrap();
+    s.append("B", 10);
+    s.judge.sweep_all(Utc::now()).unwrap();
+    for (fault, budget) in [
+        (Fault::NoSpace, 0),
+        (Fault::NoSpace, 300),
+        (Fault::ReadOnly, 0),
+    ] {
+        fault::inject(s.bridge.dir(), fault, budget);
+        let error = s
+            .judge
+            .checkpoint()
+            .expect_err("the checkpoint cannot be written");
+        assert!(is_fault(&error, fault), "{error}");
+        fault::clear(s.bridge.dir());
+        assert_eq!(
+            std::fs::read(s.bridge.dir().join(".doorbell/checkpoint.json")).unwrap(),
+            saved,
+            "the last good checkpoint is untouched"
+        );
+        no_litter(s.bridge.dir());
+        s.judge.reload().unwrap();
+    }
+    s.judge.catch_up(Utc::now()).unwrap();
+    s.judge.checkpoint().unwrap();
+    s.assert_each_line_judged_once();
+}
+
+#[test]
+fn a_notice_that_cannot_be_written_is_written_once_later() {
+    let mut s = setup();
+    // Lines misaddressed by stations: each sender is owed a notice.
+    for (inbox, from, to) in [("human", "design", "web"), ("web", "design", "human")] {
+        let path = s.bridge.inbox_path(inbox).unwrap();
+        append_line(&path, note(&format!("01MIS{inbox}"), from, to).as_bytes()).unwrap();
+    }
+    // The inboxes cannot take a line; the journal (in .doorbell) still takes the intents.
+    for agent in AGENTS {
+        fault::inject(&s.bridge.inbox_path(agent).unwrap(), Fault::ReadOnly, 0);
+    }
+    let stats = s.judge.catch_up(Utc::now()).unwrap();
+    assert_eq!(stats.notices, 0, "no notice could be written");
+    for agent in AGENTS {
+        fault::clear(&s.bridge.inbox_path(agent).unwrap());
+    }
+    let stats = s.judge.catch_up(Utc::now()).unwrap();
+    assert!(stats.notices > 0, "the notices are written now");
+    let again = s.judge.catch_up(Utc::now()).unwrap();
+    assert_eq!(again.notices, 0, "and only once");
+    s.judge.checkpoint().unwrap();
+    let notices: usize = AGENTS
+        .iter()
+        .map(|a| {
+            std::fs::read_to_string(s.bridge.inbox_path(a).unwrap())
+                .unwrap()
+                .matches(r#""id":"bridge:refused:"#)
+                .count()
+        })
+        .sum();
+    assert_eq!(notices, stats.notices as usize);
+}
