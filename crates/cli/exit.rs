@@ -51,8 +51,13 @@ pub fn report(error: &anyhow::Error) -> i32 {
     };
     let mut message = error.to_string();
     for cause in error.chain().skip(1) {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
+        // Store errors already end with their cause ("open lock PATH: Read-only file
+        // system"): say each thing once.
+        let cause = cause.to_string();
+        if !message.ends_with(&cause) {
+            message.push_str(": ");
+            message.push_str(&cause);
+        }
     }
     eprintln!("doorbell: {message}");
     code

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,14 +13,19 @@ use doorbell_store::append::append_line;
 use doorbell_store::fault::{self, Fault};
 use doorbell_store::journal::journal_path;
 use doorbell_store::{Bridge, BridgeLock, Config};
+use notify::{RecursiveMode, Watcher};
 
-/// The daemon's log, kept for the test to read.
-#[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<u8>>>);
+/// The daemon's log, kept for the test to read; each write wakes the test.
+#[derive(Clone)]
+struct Log {
+    text: Arc<Mutex<Vec<u8>>>,
+    wake: Sender<()>,
+}
 
 impl Write for Log {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
+        self.text.lock().unwrap().extend_from_slice(buf);
+        let _ = self.wake.send(());
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -36,7 +42,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
 
 impl Log {
     fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        String::from_utf8_lossy(&self.text.lock().unwrap()).into_owned()
     }
 }
 
@@ -61,17 +67,23 @@ fn verdicts(bridge: &Bridge) -> BTreeMap<u64, usize> {
     seen
 }
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+/// Wait for `done`, checking again at each wake (a log line, a change in the folder).
+fn wait_until(wakes: &Receiver<()>, what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(!left.is_zero(), "timed out waiting for {what}");
+        let _ = wakes.recv_timeout(left);
     }
 }
 
 #[test]
 fn writes_failing_pause_judging_and_it_resumes_when_they_work() {
-    let log = Log::default();
+    let (wake, wakes) = channel();
+    let log = Log {
+        text: Arc::default(),
+        wake: wake.clone(),
+    };
     tracing_subscriber::fmt()
         .with_writer(log.clone())
         .with_ansi(false)
@@ -82,6 +94,13 @@ fn writes_failing_pause_judging_and_it_resumes_when_they_work() {
         bridge.add_agent(agent).unwrap();
     }
     let inbox = bridge.inbox_path("web").unwrap();
+    let mut watcher = notify::recommended_watcher(move |_| {
+        let _ = wake.send(());
+    })
+    .unwrap();
+    watcher
+        .watch(&bridge.state_dir().unwrap(), RecursiveMode::NonRecursive)
+        .unwrap();
     let options = Options {
         bridge: bridge.clone(),
         lock: BridgeLock::acquire(&bridge, "test").unwrap(),
@@ -102,7 +121,9 @@ fn writes_failing_pause_judging_and_it_resumes_when_they_work() {
     ready_rx.recv_timeout(Duration::from_secs(30)).unwrap();
 
     let mut offsets = vec![append_line(&inbox, note("01BEFORE").as_bytes()).unwrap()];
-    wait_until("the first line's verdict", || verdicts(&bridge).len() == 1);
+    wait_until(&wakes, "the first line's verdict", || {
+        verdicts(&bridge).len() == 1
+    });
 
     for (round, fault) in [Fault::NoSpace, Fault::ReadOnly].into_iter().enumerate() {
         let paused_before = log.text().matches("judging paused").count();
@@ -117,15 +138,15 @@ fn writes_failing_pause_judging_and_it_resumes_when_they_work() {
             offsets.push(file.metadata().unwrap().len());
             writeln!(file, "{}", note(&format!("01DURING{round}X{i}"))).unwrap();
         }
-        wait_until("the pause to be logged", || {
+        wait_until(&wakes, "the pause to be logged", || {
             log.text().matches("judging paused").count() > paused_before
         });
         let resumed_before = log.text().matches("judging resumed").count();
         fault::clear(bridge.dir());
-        wait_until("judging to resume", || {
+        wait_until(&wakes, "judging to resume", || {
             log.text().matches("judging resumed").count() > resumed_before
         });
-        wait_until("every line's verdict", || {
+        wait_until(&wakes, "every line's verdict", || {
             verdicts(&bridge).len() == offsets.len()
         });
     }
