@@ -18,9 +18,6 @@ mod status;
 mod wait;
 mod watch;
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() {
     let args = <args::Cli as clap::Parser>::parse();
     let code = match args.run() {
