@@ -14,6 +14,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     replace_with(path, None, |out| out.write_all(bytes))
 }
 
+/// Write `bytes` to `path` atomically against a crash of the process, without waiting for
+/// the disk: after a power loss the file may hold its previous content. For state that may
+/// go back but never forward (a reader's cursor: messages shown again, never skipped), where
+/// an fsync on every update would hold up the reader.
+pub fn write_atomic_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let replaced = replace_via(path, &tmp, None, false, |out| out.write_all(bytes));
+    if replaced.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    replaced
+}
+
 /// Replace `path` with what `write` produces, atomically; the file it replaces is first
 /// renamed to `previous` when one is given, so a reader always finds one of the two.
 pub fn replace_with(
@@ -22,7 +35,7 @@ pub fn replace_with(
     write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> Result<()> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let replaced = replace_via(path, &tmp, previous, write);
+    let replaced = replace_via(path, &tmp, previous, true, write);
     if replaced.is_err() {
         // Nothing refers to the temp file: leave no litter (and give back the space).
         let _ = fs::remove_file(&tmp);
@@ -34,6 +47,7 @@ fn replace_via(
     path: &Path,
     tmp: &Path,
     previous: Option<&Path>,
+    durable: bool,
     write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -55,14 +69,19 @@ fn replace_via(
     let file = out
         .into_inner()
         .map_err(|e| Error::io("write", tmp)(e.into_error()))?;
-    fault::check(tmp).map_err(Error::io("sync", tmp))?;
-    file.file.sync_all().map_err(Error::io("sync", tmp))?;
+    if durable {
+        fault::check(tmp).map_err(Error::io("sync", tmp))?;
+        file.file.sync_all().map_err(Error::io("sync", tmp))?;
+    }
     drop(file);
     fault::check(path).map_err(Error::io("rename", path))?;
     if let Some(previous) = previous.filter(|_| path.exists()) {
         fs::rename(path, previous).map_err(Error::io("keep previous copy of", path))?;
     }
     fs::rename(tmp, path).map_err(Error::io("rename", path))?;
+    if !durable {
+        return Ok(());
+    }
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(Error::io("sync folder", dir))

@@ -145,5 +145,7 @@ pub fn advance(bridge: &Bridge, agent: &str, inbox: &File, offset: u64) -> Resul
         marker,
     };
     let text = serde_json::to_string(&record).expect("a cursor always serialises");
-    crate::atomic::write_atomic(&path, text.as_bytes())
+    // Not synced: after a power loss a cursor may go back (messages shown again), never
+    // forward; an fsync per message held up `watch` behind the disk.
+    crate::atomic::write_atomic_unsynced(&path, text.as_bytes())
 }
