@@ -3,11 +3,11 @@
 //! arrives, and never wakes otherwise.
 
 use std::collections::BTreeSet;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use doorbell_store::judge::Arrival;
+use doorbell_store::judge::{Arrival, PendingCheckpoint};
 use doorbell_store::{CatchUp, Config, Judge};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -43,6 +43,67 @@ struct Deadlines {
     retry: Option<Instant>,
     /// How long the last wait before a retry was.
     backoff: Duration,
+}
+
+/// The thread that saves checkpoints, so that their fsyncs and writes (seconds on a busy
+/// disk, for a big ledger) never hold up judging. One save at a time.
+struct Saver {
+    to_save: Sender<PendingCheckpoint>,
+    saved: Receiver<doorbell_store::Result<()>>,
+    in_flight: bool,
+}
+
+impl Saver {
+    fn start() -> Saver {
+        let (to_save, pending) = channel::<PendingCheckpoint>();
+        let (report, saved) = channel();
+        std::thread::Builder::new()
+            .name("checkpoint".into())
+            .spawn(move || {
+                for checkpoint in pending {
+                    if report.send(checkpoint.save()).is_err() {
+                        return;
+                    }
+                }
+            })
+            .expect("starting the checkpoint thread");
+        Saver {
+            to_save,
+            saved,
+            in_flight: false,
+        }
+    }
+
+    /// Hand a checkpoint over unless one is still being saved; false when it is.
+    fn offer(&mut self, judge: &mut Judge) -> doorbell_store::Result<bool> {
+        if self.in_flight {
+            match self.saved.try_recv() {
+                Ok(result) => {
+                    self.in_flight = false;
+                    log_saved(result);
+                }
+                Err(_) => return Ok(false),
+            }
+        }
+        let checkpoint = judge.prepare_checkpoint()?;
+        self.in_flight = self.to_save.send(checkpoint).is_ok();
+        Ok(true)
+    }
+
+    /// Wait for the save in flight, if any.
+    fn settle(&mut self) {
+        if std::mem::take(&mut self.in_flight) {
+            if let Ok(result) = self.saved.recv() {
+                log_saved(result);
+            }
+        }
+    }
+}
+
+fn log_saved(result: doorbell_store::Result<()>) {
+    if let Err(error) = result {
+        tracing::error!(%error, "could not save a checkpoint; the journal stays the truth, and the next one will try again");
+    }
 }
 
 /// What the inputs taken at one wake ask for.
@@ -83,6 +144,7 @@ pub fn run(
         judged: stats.judged(),
     });
     let mut due = Deadlines::default();
+    let mut saver = Saver::start();
     loop {
         let mut batch = receive(&judge, inputs, &due);
         if batch.stop {
@@ -97,7 +159,7 @@ pub fn run(
         if due.retry.is_some_and(|at| Instant::now() < at) {
             continue;
         }
-        match step(&mut judge, batch, &mut due, arrivals) {
+        match step(&mut judge, batch, &mut due, &mut saver, arrivals) {
             Ok(()) => {
                 if due.retry.take().is_some() {
                     tracing::info!("writing works again: judging resumed");
@@ -108,6 +170,7 @@ pub fn run(
             Err(e) => failed(&mut due, &e),
         }
     }
+    saver.settle();
     if due.retry.is_some() {
         tracing::warn!("stopped while writes fail; unjudged lines wait for the next start");
         return Ok(());
@@ -164,6 +227,7 @@ fn step(
     judge: &mut Judge,
     mut batch: Batch,
     due: &mut Deadlines,
+    saver: &mut Saver,
     arrivals: &UnboundedSender<(String, Arrival)>,
 ) -> doorbell_store::Result<()> {
     if due.retry.is_some() {
@@ -200,8 +264,12 @@ fn step(
         judge.emit(Utc::now(), &mut stats)?;
     }
     if due.checkpoint.is_some_and(|at| at <= now_instant) {
-        due.checkpoint = None;
-        judge.checkpoint()?;
+        due.checkpoint = if saver.offer(judge)? {
+            None
+        } else {
+            // The last one is still being saved: try again a little later.
+            Some(now_instant + CHECKPOINT_EVERY / 5)
+        };
     }
     Ok(())
 }

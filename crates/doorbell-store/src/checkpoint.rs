@@ -77,14 +77,27 @@ pub fn load(journal: &Path) -> Result<Snapshot> {
 
 /// Save `snapshot` (whose `journal_len` must already be durable in the journal).
 pub fn save(journal: &Path, snapshot: &Snapshot) -> Result<()> {
-    let dir = state_dir(journal);
+    write(journal, &encode(snapshot))
+}
+
+/// The checkpoint's bytes for `snapshot`: what [`write`] saves, made while the snapshot can
+/// be borrowed so the disk work can happen elsewhere.
+#[must_use]
+pub fn encode(snapshot: &Snapshot) -> Vec<u8> {
     let saving = Saving {
         version: VERSION,
         snapshot,
     };
+    serde_json::to_vec(&saving).expect("a snapshot always serialises")
+}
+
+/// Save checkpoint `bytes` from [`encode`] beside `journal`, atomically, keeping the previous
+/// copy. The journal length they cover must already be durable.
+pub fn write(journal: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = state_dir(journal);
     crate::atomic::replace_with(
         &dir.join(CHECKPOINT_FILE),
         Some(&dir.join(PREVIOUS_FILE)),
-        |out| serde_json::to_writer(out, &saving).map_err(std::io::Error::from),
+        |out| out.write_all(bytes),
     )
 }

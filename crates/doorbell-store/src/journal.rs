@@ -509,6 +509,13 @@ impl JournalWriter {
         }
     }
 
+    /// Another handle on the journal file, for syncing it from elsewhere (a sync covers
+    /// every write made before it, through any handle).
+    pub fn file(&mut self) -> Result<File> {
+        let cloned = self.out()?.get_ref().file.try_clone();
+        cloned.map_err(Error::io("open journal", &self.path))
+    }
+
     pub fn sync(&mut self) -> Result<()> {
         self.flush()?;
         match self.out()?.get_ref().sync_data() {

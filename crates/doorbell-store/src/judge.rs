@@ -90,6 +90,27 @@ impl CatchUp {
     }
 }
 
+/// A checkpoint ready to be saved: the journal and the refused log are synced first, so the
+/// checkpoint never covers more than is durable.
+#[derive(Debug)]
+pub struct PendingCheckpoint {
+    /// The files to sync first, with their paths.
+    durable_first: [(File, PathBuf); 2],
+    journal_path: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl PendingCheckpoint {
+    pub fn save(self) -> Result<()> {
+        for (file, path) in &self.durable_first {
+            crate::fault::check(path)
+                .and_then(|()| file.sync_data())
+                .map_err(Error::io("sync", path))?;
+        }
+        crate::checkpoint::write(&self.journal_path, &self.bytes)
+    }
+}
+
 /// A line whose request has not been seen yet.
 #[derive(Debug)]
 struct Held {
@@ -458,10 +479,27 @@ impl Judge {
 
     /// Make everything judged so far durable and save a checkpoint of it.
     pub fn checkpoint(&mut self) -> Result<()> {
-        self.journal.sync()?;
-        self.refused_log.sync()?;
+        self.prepare_checkpoint()?.save()
+    }
+
+    /// A checkpoint of everything judged so far, encoded, with what must be synced before it
+    /// is saved: the slow half ([`PendingCheckpoint::save`]: fsyncs and the write) can run on
+    /// another thread while this one judges on.
+    pub fn prepare_checkpoint(&mut self) -> Result<PendingCheckpoint> {
+        self.journal.flush()?;
+        self.refused_log.flush()?;
         self.snapshot.journal_len = self.journal.len();
-        crate::checkpoint::save(&self.journal_path, &self.snapshot)
+        let refused_path = self
+            .journal_path
+            .with_file_name(crate::refused::REFUSED_FILE);
+        Ok(PendingCheckpoint {
+            durable_first: [
+                (self.journal.file()?, self.journal_path.clone()),
+                (self.refused_log.file()?, refused_path),
+            ],
+            journal_path: self.journal_path.clone(),
+            bytes: crate::checkpoint::encode(&self.snapshot),
+        })
     }
 
     /// Save a checkpoint when the journal has grown by more than `bytes` since the last one,

@@ -147,6 +147,12 @@ impl RefusedLog {
         })
     }
 
+    /// Another handle on the log file, for syncing it from elsewhere.
+    pub fn file(&mut self) -> Result<std::fs::File> {
+        let cloned = self.out()?.get_ref().file.try_clone();
+        cloned.map_err(Error::io("open refused log", &self.path))
+    }
+
     pub fn sync(&mut self) -> Result<()> {
         self.flush()?;
         let synced = self.out()?.get_ref().sync_data();
