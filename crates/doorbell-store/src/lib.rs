@@ -13,6 +13,8 @@ pub mod checkpoint;
 pub mod config;
 pub mod cursor;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod hash;
 pub mod journal;
 pub mod judge;
