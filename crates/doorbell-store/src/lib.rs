@@ -14,6 +14,8 @@ pub mod config;
 pub mod cursor;
 mod error;
 pub mod fault;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod hash;
 pub mod journal;
 mod journal_json;
