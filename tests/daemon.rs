@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::util::{line, Bridge, Daemon, Run};
+use crate::util::{line, wait_for_file, Bridge, Daemon, Run};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -317,26 +317,6 @@ fn run_within(mut command: std::process::Command, timeout: Duration) -> Run {
         code: output.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
-
-/// Wait (event-driven) until `path` exists; panic after `timeout`.
-#[track_caller]
-fn wait_for_file(path: &Path, timeout: Duration) {
-    use notify::Watcher;
-    let (tx, rx) = std::sync::mpsc::channel();
-    let mut watcher = notify::recommended_watcher(move |_event| {
-        let _ = tx.send(());
-    })
-    .unwrap();
-    watcher
-        .watch(path.parent().unwrap(), notify::RecursiveMode::NonRecursive)
-        .unwrap();
-    let deadline = Instant::now() + timeout;
-    while !path.exists() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "{} never appeared", path.display());
-        let _ = rx.recv_timeout(left);
     }
 }
 

@@ -17,7 +17,7 @@ use doorbell_core::{
     judge_line, judge_stateless, Ledger, Limits, RefusalReason, Registry, Verdict,
 };
 
-use crate::util::{line, run, Bridge, Daemon, Run, BIN};
+use crate::util::{line, run, wait_for_file, Bridge, Daemon, Run, BIN};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 const MIB: u64 = 1024 * 1024;
@@ -117,26 +117,6 @@ fn peak_rss(pid: u32) -> u64 {
         .parse()
         .unwrap();
     kb * 1024
-}
-
-/// Wait (event-driven) until `path` exists; panic after `timeout`.
-#[track_caller]
-fn wait_for_file(path: &Path, timeout: Duration) {
-    use notify::Watcher;
-    let (tx, rx) = std::sync::mpsc::channel();
-    let mut watcher = notify::recommended_watcher(move |_event| {
-        let _ = tx.send(());
-    })
-    .unwrap();
-    watcher
-        .watch(path.parent().unwrap(), notify::RecursiveMode::NonRecursive)
-        .unwrap();
-    let deadline = Instant::now() + timeout;
-    while !path.exists() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "{} never appeared", path.display());
-        let _ = rx.recv_timeout(left);
-    }
 }
 
 /// Stop a daemon with SIGTERM; it must exit 0.

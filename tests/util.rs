@@ -591,3 +591,23 @@ pub fn notices_in(inbox: &str, lines: &[(u64, Vec<u8>)]) -> Vec<Notice> {
     }
     notices
 }
+
+/// Wait (event-driven) until `path` exists; panic after `timeout`.
+#[track_caller]
+pub fn wait_for_file(path: &Path, timeout: std::time::Duration) {
+    use notify::Watcher;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut watcher = notify::recommended_watcher(move |_event| {
+        let _ = tx.send(());
+    })
+    .unwrap();
+    watcher
+        .watch(path.parent().unwrap(), notify::RecursiveMode::NonRecursive)
+        .unwrap();
+    let deadline = std::time::Instant::now() + timeout;
+    while !path.exists() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        assert!(!left.is_zero(), "{} never appeared", path.display());
+        let _ = rx.recv_timeout(left);
+    }
+}

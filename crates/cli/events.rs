@@ -4,8 +4,7 @@
 //! it only when no judge holds the lock: a running judge will journal the line, and that wakes
 //! it then, without a useless turn on the way.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::sync::Arc;
@@ -78,16 +77,7 @@ impl Events {
     pub fn new(bridge: &Bridge) -> anyhow::Result<Events> {
         let (tx, wakes) = channel();
         let state = bridge.state_dir()?;
-        let lock_path = state.join("lock");
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&lock_path)
-            .with_context(|| format!("opening {}", lock_path.display()))?;
+        let (lock, _) = doorbell_store::lock::lock_file(bridge)?;
         let unjudged = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&unjudged);
         let mut watcher =

@@ -137,32 +137,21 @@ mod tests {
             ),
         )
             .prop_map(
-                |((id, from, to, kind, re), (cx, tk, state, priority), (rb, ca, fp))| {
-                    let states = [
-                        State::Submitted,
-                        State::Working,
-                        State::InputRequired,
-                        State::Completed,
-                        State::Failed,
-                        State::Canceled,
-                        State::Rejected,
-                    ];
-                    Accepted {
-                        id,
-                        from,
-                        to,
-                        kind: [Kind::Request, Kind::Response, Kind::Note][usize::from(kind)],
-                        correlates_to: re,
-                        context_id: cx,
-                        task_id: tk,
-                        state: (state < 7).then(|| states[usize::from(state)]),
-                        priority,
-                        reply_by: rb
-                            .and_then(|ms| DateTime::from_timestamp_millis(i64::from(ms) * 1000)),
-                        created_at: DateTime::from_timestamp_millis(i64::from(ca) * 1000)
-                            .unwrap_or_default(),
-                        fingerprint: fp,
-                    }
+                |((id, from, to, kind, re), (cx, tk, state, priority), (rb, ca, fp))| Accepted {
+                    id,
+                    from,
+                    to,
+                    kind: [Kind::Request, Kind::Response, Kind::Note][usize::from(kind)],
+                    correlates_to: re,
+                    context_id: cx,
+                    task_id: tk,
+                    state: State::ALL.get(usize::from(state)).copied(),
+                    priority,
+                    reply_by: rb
+                        .and_then(|ms| DateTime::from_timestamp_millis(i64::from(ms) * 1000)),
+                    created_at: DateTime::from_timestamp_millis(i64::from(ca) * 1000)
+                        .unwrap_or_default(),
+                    fingerprint: fp,
                 },
             )
     }

@@ -18,16 +18,7 @@ pub struct BridgeLock {
 impl BridgeLock {
     /// Take the lock without waiting. `Ok(None)` when another judge holds it.
     pub fn try_acquire(bridge: &Bridge, role: &str) -> Result<Option<BridgeLock>> {
-        let path = bridge.state_dir()?.join("lock");
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(Error::io("open lock", &path))?;
+        let (mut file, path) = lock_file(bridge)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
@@ -66,4 +57,20 @@ pub fn holder(bridge: &Bridge) -> String {
         Ok(_) if !text.trim().is_empty() => text.trim().to_owned(),
         _ => "holder unknown".to_owned(),
     }
+}
+
+/// The bridge's lock file, opened (and created) but not locked: for taking the lock, or for
+/// probing whether someone holds it.
+pub fn lock_file(bridge: &Bridge) -> Result<(File, PathBuf)> {
+    let path = bridge.state_dir()?.join("lock");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(Error::io("open lock", &path))?;
+    Ok((file, path))
 }
