@@ -847,13 +847,14 @@ fn a_million_tiny_lines_each_get_one_verdict_in_bounded_memory() {
     // of them. The allocator's and the runtime's fixed costs cancel out; what is left is what
     // each refusal costs. The judge keeps a few words per refusal (which offsets were
     // refused); a set of every refusal's key, as the refused log once kept, costs 100 bytes
-    // or more each.
+    // or more each. Measured: 11 bytes a line for 250,000 lines, 37 for a million (the
+    // containers' growth steps show at that size); the bound sits between them and 100.
     let base = tiny_lines_each_get_one_verdict(tiny / 5, false);
     let peak = tiny_lines_each_get_one_verdict(tiny, true);
     let per_line = peak.saturating_sub(base) / (tiny - tiny / 5) as u64;
     println!("{per_line} bytes of peak memory per refused line");
     assert!(
-        per_line < 40,
+        per_line < 64,
         "peak resident {} KiB for {tiny} lines, {} KiB for {}: {per_line} bytes a line",
         peak / 1024,
         base / 1024,
