@@ -92,5 +92,10 @@ pub fn run(session: &Session, args: &ReportArgs) -> anyhow::Result<i32> {
             .with_context(|| format!("writing {}", path.display()))?,
         None => print!("{text}"),
     }
+    // The process exits next: the ledger is left for it to reclaim. Freeing it entry by
+    // entry was a fifth of a report over 500,000 messages.
+    drop(report);
+    drop(inputs);
+    std::mem::forget(snapshot);
     Ok(OK)
 }

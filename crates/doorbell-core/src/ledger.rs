@@ -250,9 +250,43 @@ struct Claim {
 pub struct Ledger {
     // foldhash: fast on short keys, and seeded per process so ids chosen by a hostile writer
     // cannot be made to collide.
+    #[serde(deserialize_with = "sized_map")]
     claims: HashMap<Box<str>, Claim, RandomState>,
     // Boxed: a request is a few hundred bytes, and growing the map moves only pointers.
+    #[serde(deserialize_with = "sized_map")]
     requests: HashMap<Box<str>, Box<Request>, RandomState>,
+}
+
+/// A map read from a checkpoint: the entries are gathered first and the map built at its final
+/// size, since JSON does not say how many entries follow and growing a map of half a million
+/// ids step by step hashed every key again at each step.
+fn sized_map<'de, D, K, V>(d: D) -> Result<HashMap<K, V, RandomState>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    K: Deserialize<'de> + Eq + std::hash::Hash,
+    V: Deserialize<'de>,
+{
+    struct Entries<K, V>(std::marker::PhantomData<(K, V)>);
+    impl<'de, K: Deserialize<'de>, V: Deserialize<'de>> serde::de::Visitor<'de> for Entries<K, V> {
+        type Value = Vec<(K, V)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a map")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut entries = Vec::new();
+            while let Some(entry) = map.next_entry()? {
+                entries.push(entry);
+            }
+            Ok(entries)
+        }
+    }
+    let entries = d.deserialize_map(Entries(std::marker::PhantomData))?;
+    let mut map = HashMap::with_capacity_and_hasher(entries.len(), RandomState::default());
+    map.extend(entries);
+    Ok(map)
 }
 
 impl Ledger {

@@ -970,3 +970,36 @@ fn only_accepted_lines_claim_ids() {
     );
     check(&mut bridge, &note("n1", "web", "ci").text("other text"), OK);
 }
+
+/// A ledger saved in a checkpoint and read back is the same ledger: every request, every
+/// claimed id, and the same verdicts for what comes next.
+#[test]
+fn a_ledger_survives_its_checkpoint() {
+    let mut bridge = asked();
+    bridge.ok(&request("r2", "web", "design"));
+    bridge.ok(&note("n1", "design", "web"));
+    bridge.ok(&response("a1", "web", "design", "r1", "working"));
+    bridge.ok(&response("a2", "design", "web", "r2", "completed"));
+    let saved = serde_json::to_string(&bridge.ledger).unwrap();
+    let loaded: Ledger = serde_json::from_str(&saved).unwrap();
+    for id in ["r1", "r2", "n1", "a1", "a2"] {
+        assert!(loaded.is_claimed(id), "{id}");
+    }
+    assert!(!loaded.is_claimed("r3"));
+    for id in ["r1", "r2"] {
+        assert_eq!(loaded.request(id), bridge.ledger.request(id), "{id}");
+    }
+    assert_eq!(loaded.requests().count(), 2);
+    bridge.ledger = loaded;
+    check(&mut bridge, &request("r1", "design", "web"), "duplicate");
+    check(
+        &mut bridge,
+        &request("r1", "design", "web").text("another"),
+        "id-reused",
+    );
+    check(
+        &mut bridge,
+        &response("a3", "web", "design", "r2", "working"),
+        "request-closed",
+    );
+}
