@@ -106,7 +106,7 @@ fn a_second_judge_is_refused_with_exit_3() {
         .open(&lock_path)
         .unwrap();
     file.lock().unwrap();
-    std::fs::write(&lock_path, "pid 4242 (test)\n").unwrap();
+    std::fs::write(&lock_path, "pid 4242 (doorbell daemon)\n").unwrap();
     let run = bridge.doorbell(&["daemon", "--once"]);
     assert_eq!(run.code, 3, "{}", run.stderr);
     assert!(run.stderr.contains("pid 4242"), "{}", run.stderr);

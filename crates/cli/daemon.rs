@@ -8,22 +8,28 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::exit::OK;
 use crate::session::Session;
 
-/// Take the bridge lock for good. A command holds it only while it catches up, so give it a
-/// moment; another daemon is refused at once (exit 3, naming it).
-fn acquire(bridge: &doorbell_store::Bridge) -> anyhow::Result<BridgeLock> {
+/// Take the bridge lock for good. A command holds it only while it catches up (and a waiter
+/// only probes it for an instant), so give it a moment; another daemon is refused (exit 3,
+/// naming it) once it is seen holding the lock twice in a row.
+pub fn acquire(bridge: &doorbell_store::Bridge, role: &str) -> anyhow::Result<BridgeLock> {
     let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut daemon_seen = false;
     loop {
-        if let Some(lock) = BridgeLock::try_acquire(bridge, ROLE)? {
+        if let Some(lock) = BridgeLock::try_acquire(bridge, role)? {
             return Ok(lock);
         }
         let holder = doorbell_store::lock::holder(bridge);
-        if holder.ends_with(&format!("({ROLE})")) || std::time::Instant::now() > patience {
+        // The lock file keeps its last holder's words; a waiter's probe can make the lock
+        // look held for an instant, so one sighting of a daemon is not enough.
+        let daemon = holder.ends_with(&format!("({ROLE})"));
+        if (daemon && daemon_seen) || std::time::Instant::now() > patience {
             return Err(doorbell_store::Error::Locked {
                 dir: bridge.dir().to_path_buf(),
                 holder,
             }
             .into());
         }
+        daemon_seen = daemon;
         // Pacing a retry against a short-lived holder, not waiting for a result.
         std::thread::sleep(std::time::Duration::from_millis(25));
     }
@@ -33,7 +39,7 @@ const ROLE: &str = "doorbell daemon";
 
 pub fn run(session: &Session, config_path: Option<&Path>) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
-    let lock = acquire(&bridge)?;
+    let lock = acquire(&bridge, ROLE)?;
     if !bridge.inboxes()?.contains(&session.config.human) {
         tracing::warn!(
             human = %session.config.human,

@@ -65,7 +65,7 @@ pub fn init_tracing() {
 /// `doorbell daemon --once`: become the judge, judge everything waiting, exit.
 pub fn daemon_once(session: &Session) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
-    let lock = BridgeLock::acquire(&bridge, "doorbell daemon --once")?;
+    let lock = crate::daemon::acquire(&bridge, "doorbell daemon --once")?;
     let mut judge = Judge::open(bridge, lock)?;
     let stats = judge.catch_up(chrono::Utc::now())?;
     judge.checkpoint()?;
