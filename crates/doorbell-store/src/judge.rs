@@ -192,7 +192,8 @@ impl Judge {
         self.snapshot = snapshot;
         self.journal = journal;
         self.refused_log = refused_log;
-        self.files.clear();
+        // The open files stay: an old one not yet drained is compared with the reloaded
+        // journal and drained from where it says.
         self.holds = 0;
         self.refresh_registry()
     }
@@ -311,20 +312,31 @@ impl Judge {
     /// interrupted the last sweep. Once this process exits nobody can reach the old file's
     /// unread lines; what is still at the path waits for the next start as usual.
     pub fn drain_replaced(&mut self, now: DateTime<Utc>) -> Result<CatchUp> {
-        let replaced = self.files.iter().any(|(name, open)| {
-            let at_path = self
-                .bridge
-                .inbox_path(name)
-                .ok()
-                .and_then(|path| std::fs::symlink_metadata(path).ok())
-                .map(|meta| (meta.dev(), meta.ino()));
-            at_path != Some((open.dev, open.ino))
-        });
-        if !replaced {
+        let replaced: Vec<String> = self
+            .files
+            .iter()
+            .filter(|(name, open)| {
+                let at_path = self
+                    .bridge
+                    .inbox_path(name)
+                    .ok()
+                    .and_then(|path| std::fs::symlink_metadata(path).ok())
+                    .map(|meta| (meta.dev(), meta.ino()));
+                at_path != Some((open.dev, open.ino))
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        if replaced.is_empty() {
             return Ok(CatchUp::default());
         }
         let interrupted = self.interrupt.swap(false, Ordering::Relaxed);
-        let stats = self.sweep_all(now);
+        // A deleted inbox is no longer listed: name it, so its old file is drained too.
+        let stats = self.refresh_registry().and_then(|()| {
+            let mut names: BTreeSet<String> = self.inbox_names.clone();
+            names.extend(replaced);
+            let names: Vec<String> = names.into_iter().collect();
+            self.sweep(&names, now)
+        });
         self.interrupt.store(interrupted, Ordering::Relaxed);
         stats
     }
@@ -535,13 +547,19 @@ impl Judge {
         };
         if let Some(open) = self.files.remove(name) {
             if at_path == Some((open.dev, open.ino)) {
-                let meta = open
-                    .file
-                    .metadata()
-                    .map_err(Error::io("stat inbox", &path))?;
-                return Ok(Some((open.file, meta)));
+                match open.file.metadata() {
+                    Ok(meta) => return Ok(Some((open.file, meta))),
+                    Err(e) => {
+                        self.files.insert(name.to_owned(), open);
+                        return Err(Error::io("stat inbox", &path)(e));
+                    }
+                }
             }
-            self.drain(name, &open, now, held, stats)?;
+            if let Err(e) = self.drain(name, &open, now, held, stats) {
+                // Keep the old file: the next sweep, or a stopping judge, drains the rest.
+                self.files.insert(name.to_owned(), open);
+                return Err(e);
+            }
         }
         if at_path.is_none() {
             return Ok(None);
@@ -597,8 +615,18 @@ impl Judge {
         let Some((file, meta)) = self.current_file(name, now, held, stats)? else {
             return Ok(());
         };
-        let gen = self.check_generation(name, &file, &meta, now, stats)?;
-        let end = self.read_lines(name, gen, &file, now, held, stats)?;
+        // Whatever goes wrong (a stop, a failed write), the file stays open: if it is replaced
+        // before the next sweep, its unread lines can still be drained.
+        let read = self
+            .check_generation(name, &file, &meta, now, stats)
+            .and_then(|gen| Ok((gen, self.read_lines(name, gen, &file, now, held, stats)?)));
+        let (gen, end) = match read {
+            Ok(read) => read,
+            Err(e) => {
+                self.keep_open(name, file, &meta);
+                return Err(e);
+            }
+        };
         let marked = self.snapshot.inboxes[name].mark.map(|(offset, _)| offset);
         if end > 0 && marked != Some(end) {
             let path = self.bridge.inbox_path(name)?;
