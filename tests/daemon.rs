@@ -1176,3 +1176,67 @@ fn watch_judges_lines_itself_once_the_daemon_stops() {
     watch.kill().unwrap();
     watch.wait().unwrap();
 }
+
+/// A write that lands while a short-lived judge holds the lock (a command catching up that
+/// has already passed this inbox) is judged by nobody but the waiter: `watch` must look again
+/// once that judge lets go, and print the line.
+#[test]
+fn watch_prints_a_line_written_while_a_passing_judge_held_the_lock() {
+    use std::os::unix::fs::MetadataExt;
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut watch = bridge.command(&["watch", "web", "--json"]);
+    watch
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .stdin(Stdio::null());
+    let mut watch = watch.spawn().unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, printed) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let value: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+            if tx
+                .send(value["envelope"]["id"].as_str().unwrap().to_owned())
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    let note = |id: &str| format!("{}\n", line(id, "design", "web", "note", ""));
+    // Once a first line comes through, watch is watching (it judges it itself: no daemon).
+    bridge.append_raw("web", note("01BEFORETHEHOLD").as_bytes());
+    assert_eq!(printed.recv_timeout(PATIENCE).unwrap(), "01BEFORETHEHOLD");
+
+    let lock_path = bridge.dir().join(".doorbell/lock");
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&lock_path)
+        .unwrap();
+    lock.lock().unwrap();
+    bridge.append_raw("web", note("01DURINGTHEHOLD").as_bytes());
+    // watch saw the write while the lock was held, and now waits for the lock: its request
+    // shows as a blocked one in /proc/locks.
+    let ino = std::fs::metadata(&lock_path).unwrap().ino();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let locks = std::fs::read_to_string("/proc/locks").unwrap();
+        let waiting = locks
+            .lines()
+            .any(|l| l.contains("->") && l.contains(&format!(":{ino} ")));
+        if waiting {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "watch never waited for the lock:\n{locks}"
+        );
+        // Pacing a look at /proc/locks, which has no change events.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(lock);
+    assert_eq!(printed.recv_timeout(PATIENCE).unwrap(), "01DURINGTHEHOLD");
+    watch.kill().unwrap();
+    watch.wait().unwrap();
+}

@@ -6,7 +6,7 @@
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -72,6 +72,34 @@ fn judge_running(lock: &File) -> bool {
     }
 }
 
+/// A thread that, asked after an inbox write seen while a judge held the lock, waits for that
+/// judge to let go and then wakes the waiter as if the write came now: whatever the judge left
+/// unjudged, the waiter judges itself. While a daemon runs it simply waits on the lock.
+fn after_the_judge(
+    bridge: &Bridge,
+    wake: Sender<()>,
+    unjudged: Arc<AtomicBool>,
+) -> anyhow::Result<Sender<()>> {
+    let (lock, _) = doorbell_store::lock::lock_file(bridge)?;
+    let (recheck, asked) = channel::<()>();
+    std::thread::Builder::new()
+        .name("after-the-judge".into())
+        .spawn(move || {
+            while asked.recv().is_ok() {
+                if lock.lock_shared().is_ok() {
+                    let _ = lock.unlock();
+                }
+                while asked.try_recv().is_ok() {}
+                unjudged.store(true, Ordering::Relaxed);
+                if wake.send(()).is_err() {
+                    return;
+                }
+            }
+        })
+        .context("starting a thread")?;
+    Ok(recheck)
+}
+
 impl Events {
     /// Start watching before reading anything, so no change between the two is missed.
     pub fn new(bridge: &Bridge) -> anyhow::Result<Events> {
@@ -80,17 +108,22 @@ impl Events {
         let (lock, _) = doorbell_store::lock::lock_file(bridge)?;
         let unjudged = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&unjudged);
+        let recheck = after_the_judge(bridge, tx.clone(), Arc::clone(&unjudged))?;
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
                 let wake = match change(&event) {
                     Change::Nothing => false,
                     Change::Journal => true,
+                    Change::Inbox if judge_running(&lock) => {
+                        // The judge holding the lock may not be the one that reads this
+                        // write (a command's catch-up that passed this inbox, a daemon
+                        // stopping): look again once it lets go.
+                        let _ = recheck.send(());
+                        false
+                    }
                     Change::Inbox => {
-                        let idle = !judge_running(&lock);
-                        if idle {
-                            flag.store(true, Ordering::Relaxed);
-                        }
-                        idle
+                        flag.store(true, Ordering::Relaxed);
+                        true
                     }
                 };
                 if wake {
