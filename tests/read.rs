@@ -143,3 +143,25 @@ fn human_output_escapes_terminal_controls() {
     assert!(text.contains("hi \\u{1b}[2J there"), "{text}");
     assert!(text.contains("note design → web"), "{text}");
 }
+
+/// Cursors are not synced, so a power loss can leave one unreadable: reading goes back to the
+/// start, with a warning, rather than refusing to read at all.
+#[test]
+fn an_unreadable_cursor_means_reading_from_the_start() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    bridge.send("design", "web", "one");
+    assert_eq!(bridge.read_json("web", &[]).len(), 1);
+    std::fs::write(bridge.dir().join("web-inbox.cursor"), b"\0\0{\"vers").unwrap();
+    let run = bridge.doorbell(&["read", "web", "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.stdout.lines().count(), 1, "shown again: {}", run.stdout);
+    assert!(
+        run.stderr.contains("cursor file cannot be read"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        bridge.read_json("web", &[]).is_empty(),
+        "and the cursor is whole again"
+    );
+}

@@ -62,12 +62,15 @@ fn read_cursor(path: &Path) -> Result<Option<CursorFile>> {
     if text.trim().is_empty() {
         return Ok(None);
     }
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| Error::Cursor {
-            path: path.to_path_buf(),
-            message: format!("{e} (delete the file to read the inbox from the start)"),
-        })
+    match serde_json::from_str(&text) {
+        Ok(cursor) => Ok(Some(cursor)),
+        Err(error) => {
+            // Cursors are not synced (they may go back, never forward), so a power loss can
+            // leave one unreadable: going back to the start is the safe direction.
+            tracing::warn!(path = %path.display(), %error, "the cursor file cannot be read: reading the inbox from the start");
+            Ok(None)
+        }
+    }
 }
 
 fn validate(saved: Option<CursorFile>, inbox: &File) -> Result<Position> {

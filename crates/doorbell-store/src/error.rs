@@ -37,8 +37,6 @@ pub enum Error {
     },
     #[error("interrupted: the judge is stopping")]
     Interrupted,
-    #[error("cursor {path}: {message}")]
-    Cursor { path: PathBuf, message: String },
 }
 
 fn known_list(known: &[String]) -> String {
