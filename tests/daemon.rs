@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::util::{line, wait_for_file, Bridge, Daemon, Run};
+use crate::util::{line, wait_for_file, Bridge, Daemon, Run, Watch};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -1139,42 +1139,22 @@ fn the_hook_runs_with_a_clean_environment_and_no_message_text() {
 fn watch_judges_lines_itself_once_the_daemon_stops() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
     let mut daemon = Daemon::start(&bridge, &[]);
-    let mut watch = bridge.command(&["watch", "web", "--json"]);
-    watch
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .stdin(Stdio::null());
-    let mut watch = watch.spawn().unwrap();
-    let stdout = watch.stdout.take().unwrap();
-    let (tx, printed) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let value: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
-            if tx
-                .send(value["envelope"]["id"].as_str().unwrap().to_owned())
-                .is_err()
-            {
-                return;
-            }
-        }
-    });
+    let watch = Watch::start(&bridge, "web");
     let note = |id: &str| format!("{}\n", line(id, "design", "web", "note", ""));
     // `watch` is watching once it has printed the backlog: wait for the first line to come
     // through the daemon before stopping it.
     bridge.append_raw("web", note("01WATCHEDBYDAEMON").as_bytes());
-    assert_eq!(printed.recv_timeout(PATIENCE).unwrap(), "01WATCHEDBYDAEMON");
+    assert_eq!(watch.next(PATIENCE), "01WATCHEDBYDAEMON");
     daemon.signal("TERM");
     assert_eq!(daemon.wait_exit(PATIENCE), Some(0));
     bridge.append_raw("web", note("01WATCHEDALONE").as_bytes());
-    assert_eq!(printed.recv_timeout(PATIENCE).unwrap(), "01WATCHEDALONE");
+    assert_eq!(watch.next(PATIENCE), "01WATCHEDALONE");
     assert_eq!(
         bridge.verdicts().len(),
         2,
         "each line judged once: {:?}",
         bridge.verdicts()
     );
-    watch.kill().unwrap();
-    watch.wait().unwrap();
 }
 
 /// A write that lands while a short-lived judge holds the lock (a command catching up that
@@ -1184,29 +1164,11 @@ fn watch_judges_lines_itself_once_the_daemon_stops() {
 fn watch_prints_a_line_written_while_a_passing_judge_held_the_lock() {
     use std::os::unix::fs::MetadataExt;
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
-    let mut watch = bridge.command(&["watch", "web", "--json"]);
-    watch
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .stdin(Stdio::null());
-    let mut watch = watch.spawn().unwrap();
-    let stdout = watch.stdout.take().unwrap();
-    let (tx, printed) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let value: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
-            if tx
-                .send(value["envelope"]["id"].as_str().unwrap().to_owned())
-                .is_err()
-            {
-                return;
-            }
-        }
-    });
+    let watch = Watch::start(&bridge, "web");
     let note = |id: &str| format!("{}\n", line(id, "design", "web", "note", ""));
     // Once a first line comes through, watch is watching (it judges it itself: no daemon).
     bridge.append_raw("web", note("01BEFORETHEHOLD").as_bytes());
-    assert_eq!(printed.recv_timeout(PATIENCE).unwrap(), "01BEFORETHEHOLD");
+    assert_eq!(watch.next(PATIENCE), "01BEFORETHEHOLD");
 
     let lock_path = bridge.dir().join(".doorbell/lock");
     let lock = std::fs::OpenOptions::new()
@@ -1236,7 +1198,5 @@ fn watch_prints_a_line_written_while_a_passing_judge_held_the_lock() {
         std::thread::sleep(Duration::from_millis(5));
     }
     drop(lock);
-    assert_eq!(printed.recv_timeout(PATIENCE).unwrap(), "01DURINGTHEHOLD");
-    watch.kill().unwrap();
-    watch.wait().unwrap();
+    assert_eq!(watch.next(PATIENCE), "01DURINGTHEHOLD");
 }

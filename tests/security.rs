@@ -7,17 +7,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use doorbell_core::{
     judge_line, judge_stateless, Ledger, Limits, RefusalReason, Registry, Verdict,
 };
 
-use crate::util::{line, run, wait_for_file, Bridge, Daemon, Run, BIN};
+use crate::util::{line, run, wait_for_file, Bridge, Daemon, Run, Watch, BIN};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 const MIB: u64 = 1024 * 1024;
@@ -1154,18 +1154,10 @@ fn the_daemon_and_watch_open_no_network_socket() {
     bridge.wait_for(PATIENCE, "the note judged", |b| b.verdict_count() == 1);
     assert_no_network_socket(daemon.child.id(), "the daemon");
 
-    let mut watch = bridge.command(&["watch", "web", "--json"]);
-    watch
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .stdin(Stdio::null());
-    let mut watch = watch.spawn().unwrap();
-    let mut printed = BufReader::new(watch.stdout.take().unwrap()).lines();
-    let first: serde_json::Value = serde_json::from_str(&printed.next().unwrap().unwrap()).unwrap();
-    assert_eq!(first["envelope"]["id"], id.as_str());
+    let watch = Watch::start(&bridge, "web");
+    assert_eq!(watch.next(PATIENCE), id);
     assert_no_network_socket(watch.id(), "watch");
-    watch.kill().unwrap();
-    watch.wait().unwrap();
+    drop(watch);
     daemon.expect_stderr("judging", PATIENCE);
     stop(daemon);
 }

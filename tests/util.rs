@@ -611,3 +611,52 @@ pub fn wait_for_file(path: &Path, timeout: std::time::Duration) {
         let _ = rx.recv_timeout(left);
     }
 }
+
+/// A running `doorbell watch AGENT --json`: the ids it prints, in order. Killed when dropped.
+pub struct Watch {
+    child: std::process::Child,
+    ids: std::sync::mpsc::Receiver<String>,
+}
+
+impl Watch {
+    pub fn start(bridge: &Bridge, agent: &str) -> Watch {
+        use std::io::BufRead;
+        let mut command = bridge.command(&["watch", agent, "--json"]);
+        command
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .stdin(std::process::Stdio::null());
+        let mut child = command.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, ids) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let value: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+                let id = value["envelope"]["id"].as_str().unwrap().to_owned();
+                if tx.send(id).is_err() {
+                    return;
+                }
+            }
+        });
+        Watch { child, ids }
+    }
+
+    /// The id of the next message printed; panics after `timeout`.
+    #[track_caller]
+    pub fn next(&self, timeout: std::time::Duration) -> String {
+        self.ids
+            .recv_timeout(timeout)
+            .expect("watch printed nothing in time")
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

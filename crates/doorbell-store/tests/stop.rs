@@ -1,6 +1,7 @@
 //! What a stopping judge owes files it alone can still reach.
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use chrono::Utc;
@@ -13,11 +14,8 @@ fn note(id: &str) -> String {
     )
 }
 
-/// An inbox replaced (renamed over) while the judge was stopping: the old file's last lines
-/// were never read, and after this process nobody could read them. `drain_replaced` reads
-/// them even though the stop interrupted the sweep.
-#[test]
-fn a_stopping_judge_drains_a_replaced_inbox_it_had_not_finished() {
+/// A bridge whose judge has accepted one line in `web`'s inbox (whose path comes back).
+fn judged_once() -> (tempfile::TempDir, Judge, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let bridge = Bridge::create(dir.path(), Config::default()).unwrap();
     for agent in ["web", "design", "human"] {
@@ -25,21 +23,36 @@ fn a_stopping_judge_drains_a_replaced_inbox_it_had_not_finished() {
     }
     let path = bridge.inbox_path("web").unwrap();
     let lock = BridgeLock::acquire(&bridge, "test").unwrap();
-    let mut judge = Judge::open(bridge.clone(), lock).unwrap();
+    let mut judge = Judge::open(bridge, lock).unwrap();
     append_line(&path, note("01OLDFIRST").as_bytes()).unwrap();
     assert_eq!(judge.catch_up(Utc::now()).unwrap().accepted, 1);
+    (dir, judge, path)
+}
+
+/// A line the judge has not read, appended to the file now at `path`.
+fn late_line(path: &Path) {
+    let mut old = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    writeln!(old, "{}", note("01OLDLATE")).unwrap();
+}
+
+/// A new file, with one line, renamed over the inbox at `path`.
+fn replace(dir: &Path, path: &Path) {
+    let new = dir.join("web-inbox.new");
+    std::fs::write(&new, format!("{}\n", note("01NEWFIRST"))).unwrap();
+    std::fs::rename(&new, path).unwrap();
+}
+
+/// An inbox replaced (renamed over) while the judge was stopping: the old file's last lines
+/// were never read, and after this process nobody could read them. `drain_replaced` reads
+/// them even though the stop interrupted the sweep.
+#[test]
+fn a_stopping_judge_drains_a_replaced_inbox_it_had_not_finished() {
+    let (dir, mut judge, path) = judged_once();
 
     // A late line in the old file, then a new file renamed over it; the stop comes before
     // any sweep.
-    let mut old = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&path)
-        .unwrap();
-    writeln!(old, "{}", note("01OLDLATE")).unwrap();
-    drop(old);
-    let new = dir.path().join("web-inbox.new");
-    std::fs::write(&new, format!("{}\n", note("01NEWFIRST"))).unwrap();
-    std::fs::rename(&new, &path).unwrap();
+    late_line(&path);
+    replace(dir.path(), &path);
     judge.interrupt_flag().store(true, Ordering::Relaxed);
 
     let stats = judge.drain_replaced(Utc::now()).unwrap();
@@ -61,22 +74,8 @@ fn a_stopping_judge_drains_a_replaced_inbox_it_had_not_finished() {
 /// line must still be read before the judge lets go of it.
 #[test]
 fn a_stopping_judge_drains_a_deleted_inbox() {
-    let dir = tempfile::tempdir().unwrap();
-    let bridge = Bridge::create(dir.path(), Config::default()).unwrap();
-    for agent in ["web", "design", "human"] {
-        bridge.add_agent(agent).unwrap();
-    }
-    let path = bridge.inbox_path("web").unwrap();
-    let lock = BridgeLock::acquire(&bridge, "test").unwrap();
-    let mut judge = Judge::open(bridge.clone(), lock).unwrap();
-    append_line(&path, note("01OLDFIRST").as_bytes()).unwrap();
-    assert_eq!(judge.catch_up(Utc::now()).unwrap().accepted, 1);
-    let mut old = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&path)
-        .unwrap();
-    writeln!(old, "{}", note("01OLDLATE")).unwrap();
-    drop(old);
+    let (_dir, mut judge, path) = judged_once();
+    late_line(&path);
     std::fs::remove_file(&path).unwrap();
     judge.interrupt_flag().store(true, Ordering::Relaxed);
     judge.drain_replaced(Utc::now()).unwrap();
@@ -87,25 +86,9 @@ fn a_stopping_judge_drains_a_deleted_inbox() {
 /// not be forgotten, so the stopping judge still drains it.
 #[test]
 fn an_interrupted_drain_is_finished_by_the_stopping_judge() {
-    let dir = tempfile::tempdir().unwrap();
-    let bridge = Bridge::create(dir.path(), Config::default()).unwrap();
-    for agent in ["web", "design", "human"] {
-        bridge.add_agent(agent).unwrap();
-    }
-    let path = bridge.inbox_path("web").unwrap();
-    let lock = BridgeLock::acquire(&bridge, "test").unwrap();
-    let mut judge = Judge::open(bridge.clone(), lock).unwrap();
-    append_line(&path, note("01OLDFIRST").as_bytes()).unwrap();
-    assert_eq!(judge.catch_up(Utc::now()).unwrap().accepted, 1);
-    let mut old = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&path)
-        .unwrap();
-    writeln!(old, "{}", note("01OLDLATE")).unwrap();
-    drop(old);
-    let new = dir.path().join("web-inbox.new");
-    std::fs::write(&new, format!("{}\n", note("01NEWFIRST"))).unwrap();
-    std::fs::rename(&new, &path).unwrap();
+    let (dir, mut judge, path) = judged_once();
+    late_line(&path);
+    replace(dir.path(), &path);
     judge.interrupt_flag().store(true, Ordering::Relaxed);
     // The sweep the rename's event starts, interrupted by the stop.
     assert!(judge.sweep(&["web".to_owned()], Utc::now()).is_err());
