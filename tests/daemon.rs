@@ -763,11 +763,11 @@ fn a_symlinked_inbox_is_refused_never_followed() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 5. A corrupt checkpoint.
+// 5. A damaged or lost index (the checkpoint).
 
-/// Traffic with a refusal and its notice, stop, damage the checkpoint, restart: nothing is
-/// judged or told twice and new lines still flow.
-fn survives_a_corrupt_checkpoint(damage: impl FnOnce(&Path)) {
+/// Traffic with a refusal and its notice, stop, damage the index, restart: it is rebuilt
+/// from the journal, loudly; nothing is judged or told twice and new lines still flow.
+fn survives_a_damaged_index(damage: impl FnOnce(&Path)) {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
     let daemon = Daemon::start(&bridge, &[]);
     for i in 0..3 {
@@ -793,16 +793,18 @@ fn survives_a_corrupt_checkpoint(damage: impl FnOnce(&Path)) {
     });
     stop(daemon);
     let state = bridge.dir().join(".doorbell");
-    assert!(state.join("checkpoint.json").exists());
-    assert!(state.join("checkpoint.prev.json").exists());
+    assert!(state.join("index.db").exists());
     let before = assert_judged_once(&bridge);
     let refused_before = std::fs::read_to_string(state.join("refused.jsonl")).unwrap();
 
     damage(&state);
 
     let mut daemon = Daemon::start(&bridge, &[]);
-    let said = daemon.expect_stderr("checkpoint", Duration::from_secs(5));
-    assert!(said.contains("not using it"), "{said}");
+    let said = daemon.expect_stderr("index", Duration::from_secs(5));
+    assert!(
+        said.contains("rebuilding it from the journal (no line is judged again)"),
+        "{said}"
+    );
     let ready = daemon.expect_stderr("doorbell: judging", Duration::from_secs(5));
     assert!(ready.contains("0 lines caught up"), "{ready}");
     let id = bridge.send("design", "web", "after").trim().to_owned();
@@ -827,20 +829,27 @@ fn survives_a_corrupt_checkpoint(damage: impl FnOnce(&Path)) {
 }
 
 #[test]
-fn a_garbage_checkpoint_falls_back_to_the_previous_one() {
-    survives_a_corrupt_checkpoint(|state| {
-        std::fs::write(state.join("checkpoint.json"), b"\0\xffnot a checkpoint{{{").unwrap();
+fn a_garbage_index_is_rebuilt_from_the_journal() {
+    survives_a_damaged_index(|state| {
+        std::fs::write(state.join("index.db"), b"\0\xffnot an index{{{").unwrap();
     });
 }
 
 #[test]
-fn garbage_in_both_checkpoints_means_a_full_replay() {
-    survives_a_corrupt_checkpoint(|state| {
-        // A torn copy of itself, and garbage in the previous one.
-        let path = state.join("checkpoint.json");
+fn a_torn_index_is_rebuilt_from_the_journal() {
+    survives_a_damaged_index(|state| {
+        let path = state.join("index.db");
         let good = std::fs::read(&path).unwrap();
         std::fs::write(&path, &good[..good.len() / 2]).unwrap();
-        std::fs::write(state.join("checkpoint.prev.json"), b"garbage").unwrap();
+    });
+}
+
+#[test]
+fn a_lost_index_is_rebuilt_from_the_journal() {
+    survives_a_damaged_index(|state| {
+        for file in ["index.db", "index.db-wal", "index.db-shm"] {
+            let _ = std::fs::remove_file(state.join(file));
+        }
     });
 }
 

@@ -604,7 +604,7 @@ fn a_forged_line_cannot_close_a_pending_notice_intent() {
         .flat_map(|l| [l, "\n"])
         .collect();
     std::fs::write(state.join("journal.jsonl"), kept).unwrap();
-    for file in ["checkpoint.json", "checkpoint.prev.json"] {
+    for file in ["index.db", "index.db-wal", "index.db-shm"] {
         let _ = std::fs::remove_file(state.join(file));
     }
     std::fs::write(bridge.inbox("web"), "").unwrap();
@@ -1059,8 +1059,7 @@ fn every_file_and_folder_is_private_even_under_umask_000() {
     let state = bridge.dir().join(".doorbell");
     for expected in [
         state.join("journal.jsonl"),
-        state.join("checkpoint.json"),
-        state.join("checkpoint.prev.json"),
+        state.join("index.db"),
         state.join("refused.jsonl"),
         state.join("lock"),
         bridge.dir().join("web-inbox.cursor"),

@@ -9,6 +9,7 @@ mod daemon;
 mod disk;
 mod doorbell;
 mod generated;
+mod history;
 mod model;
 mod read;
 mod script;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use doorbell_store::bridge::inbox_name;
 use doorbell_store::journal::JOURNAL_FILE;
-use doorbell_store::{Bridge, BridgeLock, Judge};
+use doorbell_store::Bridge;
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 
 pub struct Events {
@@ -169,11 +169,7 @@ impl Events {
 
 /// When no judge runs, judge what is waiting, as `daemon --once` would, and step aside.
 pub fn judge_if_idle(bridge: &Bridge) -> anyhow::Result<()> {
-    if let Some(lock) = BridgeLock::try_acquire(bridge, "doorbell catch-up")? {
-        let mut judge = Judge::open(bridge.clone(), lock)?;
-        judge.catch_up(chrono::Utc::now())?;
-        judge.checkpoint_if_behind(4 << 20)?;
-    }
+    drop(crate::session::view(bridge)?);
     Ok(())
 }
 

@@ -10,17 +10,16 @@ use std::path::Path;
 
 use anyhow::Context;
 use chrono::Utc;
-use doorbell_core::{judge_stateless, Limits};
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor::{self, Position};
-use doorbell_store::journal::InboxJournal;
 use doorbell_store::reader::{Line, LineReader};
+use doorbell_store::view::{envelope_of, InboxView};
 use serde_json::value::RawValue;
 
 use crate::args::ReadArgs;
 use crate::exit::OK;
 use crate::output;
-use crate::session::{caught_up, Session};
+use crate::session::{view, Session};
 
 /// One message of `--json` output: where it is, its verdict, and the envelope exactly as
 /// written.
@@ -62,16 +61,13 @@ pub struct Inbox<'a> {
 /// judging stopped.
 pub fn print_accepted(
     inbox: &Inbox<'_>,
-    journal: &InboxJournal,
+    journal: &InboxView,
     from: u64,
     json: bool,
     reader: &mut LineReader,
     out: &mut impl Write,
 ) -> anyhow::Result<Printed> {
     let Inbox { agent, path, file } = *inbox;
-    let limits = Limits {
-        max_line_bytes: usize::MAX,
-    };
     let now = Utc::now();
     let result = reader.read(file, from, |line| -> Result<(), Stop> {
         let Line::Complete { offset, bytes } = line else {
@@ -80,7 +76,7 @@ pub fn print_accepted(
         if !journal.is_accepted(offset) {
             return Ok(());
         }
-        let Ok(envelope) = judge_stateless(bytes, None, &limits) else {
+        let Some(envelope) = envelope_of(bytes) else {
             // Accepted bytes always parse; these changed under us.
             return Err(Stop::Failed(anyhow::anyhow!(
                 "{} changed at byte {offset} while reading; run the command again",
@@ -116,27 +112,26 @@ pub fn print_accepted(
     match out.flush() {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(Printed::ClosedPipe),
         Err(e) => Err(e).context("writing to stdout"),
-        Ok(()) => Ok(Printed::Upto(journal.judged_to.max(from))),
+        Ok(()) => Ok(Printed::Upto(journal.journal.judged_to.max(from))),
     }
 }
 
 pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let path = bridge.require_inbox(&args.agent)?;
-    let snapshot = caught_up(&bridge)?;
+    let view = view(&bridge)?;
     let inbox = open_inbox(&path, false)?;
     let meta = inbox.metadata().context("stat inbox")?;
     let position = cursor::load(&bridge, &args.agent, &inbox)?;
     warn_replaced(&args.agent, position);
-    let Some(journal) = snapshot
-        .inboxes
-        .get(&args.agent)
-        .filter(|j| j.dev == meta.dev() && j.ino == meta.ino())
+    let from = if args.all { 0 } else { position.offset() };
+    let Some(journal) = view
+        .inbox(&args.agent, from)?
+        .filter(|j| j.journal.dev == meta.dev() && j.journal.ino == meta.ino())
     else {
         // The judge has not seen this file yet: nothing in it is accepted.
         return Ok(OK);
     };
-    let from = if args.all { 0 } else { position.offset() };
     let mut out = std::io::stdout().lock();
     let reading = Inbox {
         agent: &args.agent,
@@ -144,7 +139,7 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
         file: &inbox,
     };
     let mut reader = LineReader::new(bridge.max_line_bytes());
-    let printed = print_accepted(&reading, journal, from, args.json, &mut reader, &mut out)?;
+    let printed = print_accepted(&reading, &journal, from, args.json, &mut reader, &mut out)?;
     if let (Printed::Upto(to), false) = (printed, args.peek) {
         if to > position.offset() {
             cursor::advance(&bridge, &args.agent, &inbox, to)?;

@@ -4,7 +4,7 @@
 
 use crate::args::{CancelArgs, ReplyArgs, SendArgs};
 use crate::exit::refused;
-use crate::session::{caught_up, Session};
+use crate::session::{view, Session};
 
 /// Answer request `id` as `from` with `state`.
 fn answer(
@@ -19,8 +19,8 @@ fn answer(
     let from =
         from.ok_or_else(|| refused("who is answering? give --from or set DOORBELL_AGENT"))?;
     let bridge = session.bridge()?;
-    let snapshot = caught_up(&bridge)?;
-    let Some(request) = snapshot.ledger.request(id) else {
+    let view = view(&bridge)?;
+    let Some(request) = view.request(id) else {
         return Err(refused(format!(
             "no request '{id}' in the ledger (doorbell debts lists the open ones)"
         )));
@@ -47,8 +47,8 @@ fn answer(
         id: reply_id,
         ..SendArgs::default()
     };
-    drop(snapshot);
-    crate::send::run(session, &args)
+    drop(request);
+    crate::send::send(&view, &args)
 }
 
 pub fn reply(session: &Session, args: ReplyArgs) -> anyhow::Result<i32> {

@@ -11,13 +11,13 @@ use doorbell_core::{
     is_agent_name, is_id, is_reserved_id, judge_stateless, Limits, Verdict, BUILTIN_LOOPS,
 };
 use doorbell_store::append::append_line;
-use doorbell_store::Bridge;
+use doorbell_store::{Bridge, View};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::args::SendArgs;
 use crate::exit::{refused, OK};
-use crate::session::{caught_up, Session};
+use crate::session::{view, Session};
 
 /// The envelope as `send` writes it; the field order is the one every sender uses.
 #[derive(Serialize)]
@@ -162,8 +162,23 @@ fn content(args: &SendArgs) -> anyhow::Result<(Option<String>, Option<Box<RawVal
 
 pub fn run(session: &Session, args: &SendArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
+    // The ledger is needed only for rules about other messages: ids and requests.
+    if args.correlates_to.is_some() || args.id.is_some() {
+        sender_and_kind(args)?;
+        let view = view(&bridge)?;
+        return send(&view, args);
+    }
+    send_to(&bridge, None, args)
+}
+
+/// Send with the pre-checks `view` can make.
+pub fn send(view: &View, args: &SendArgs) -> anyhow::Result<i32> {
+    send_to(view.bridge(), Some(view), args)
+}
+
+fn send_to(bridge: &Bridge, view: Option<&View>, args: &SendArgs) -> anyhow::Result<i32> {
     let (from, kind) = sender_and_kind(args)?;
-    let recipients = recipients(&bridge, &args.to, &from)?;
+    let recipients = recipients(bridge, &args.to, &from)?;
     let registry = bridge.registry()?;
     if !registry.knows(&from) {
         let known: Vec<_> = registry.stations.iter().cloned().collect();
@@ -187,12 +202,6 @@ pub fn run(session: &Session, args: &SendArgs) -> anyhow::Result<i32> {
     let broadcast = recipients.len() > 1;
     let limits = Limits {
         max_line_bytes: bridge.max_line_bytes(),
-    };
-    // The ledger is needed only for rules about other messages: ids and requests.
-    let snapshot = if args.correlates_to.is_some() || args.id.is_some() {
-        Some(caught_up(&bridge)?)
-    } else {
-        None
     };
     let mut parts = Vec::new();
     if let Some(text) = &text {
@@ -239,8 +248,8 @@ pub fn run(session: &Session, args: &SendArgs) -> anyhow::Result<i32> {
         let line = serde_json::to_string(&outgoing).expect("an envelope always serialises");
         let envelope = judge_stateless(line.as_bytes(), Some(to), &limits)
             .map_err(|refusal| refused(format!("refused: {refusal}")))?;
-        let verdict = snapshot.as_ref().map_or(Verdict::Accepted, |snapshot| {
-            snapshot.ledger.judge(&envelope, to, &registry, &|_| false)
+        let verdict = view.map_or(Verdict::Accepted, |view| {
+            view.precheck(&envelope, to, &registry)
         });
         match verdict {
             Verdict::Refused(refusal) => return Err(refused(format!("refused: {refusal}"))),

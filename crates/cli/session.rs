@@ -4,8 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use doorbell_store::journal::Snapshot;
-use doorbell_store::{Bridge, BridgeLock, Config, Judge};
+use doorbell_store::{Bridge, Config, Judge, View};
 
 /// The resolved config and bridge folder of one invocation.
 pub struct Session {
@@ -31,24 +30,10 @@ impl Session {
     }
 }
 
-/// A command that caught up saves a checkpoint when the journal grew by more than this, so
-/// the next command need not replay it.
-const CHECKPOINT_AFTER: u64 = 4 << 20;
-
-/// What the journal says, after catching up when no other judge runs. When one does, its
-/// journal is read as it stands: a command never judges behind a judge's back.
-pub fn caught_up(bridge: &Bridge) -> anyhow::Result<Snapshot> {
-    match BridgeLock::try_acquire(bridge, "doorbell catch-up")? {
-        Some(lock) => {
-            let mut judge = Judge::open(bridge.clone(), lock)?;
-            judge
-                .catch_up(chrono::Utc::now())
-                .context("catching up with the inboxes")?;
-            judge.checkpoint_if_behind(CHECKPOINT_AFTER)?;
-            Ok(judge.into_snapshot())
-        }
-        None => Ok(Snapshot::load(bridge)?),
-    }
+/// The bridge, caught up when no other judge runs; when one does, its index and journal
+/// are read as they stand: a command never judges behind a judge's back.
+pub fn view(bridge: &Bridge) -> anyhow::Result<View> {
+    View::open(bridge).context("catching up with the inboxes")
 }
 
 /// Log to stderr, with the level from `DOORBELL_LOG` (default: warnings).
@@ -69,9 +54,6 @@ pub fn daemon_once(session: &Session) -> anyhow::Result<i32> {
     let mut judge = Judge::open(bridge, lock)?;
     let stats = judge.catch_up(chrono::Utc::now())?;
     judge.checkpoint()?;
-    // The lock and the files close now; the ledger is left for the exit to reclaim: freeing
-    // half a million entries one by one took a tenth of a large catch-up.
-    std::mem::forget(judge.into_snapshot());
     eprintln!(
         "judged {} lines: {} accepted, {} duplicate, {} refused; {} notices written",
         stats.judged(),

@@ -1,19 +1,16 @@
 //! `doorbell show`, `doorbell debts` and `doorbell thread`: what the ledger and the journal
 //! know about one message, about who owes whom, and about one conversation.
 
-use std::os::unix::fs::{FileExt, MetadataExt};
-
 use chrono::{DateTime, SecondsFormat, Utc};
-use doorbell_store::append::open_inbox;
-use doorbell_store::journal::{journal_path, JournalFollower, Record, Word};
-use doorbell_store::{cursor, Bridge};
+use doorbell_store::journal::Word;
+use doorbell_store::view::envelope_of;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::args::{DebtsArgs, ShowArgs, ThreadArgs};
 use crate::exit::{refused, OK};
 use crate::output;
-use crate::session::{caught_up, Session};
+use crate::session::{view, Session};
 
 fn time(millis: i64) -> Option<String> {
     DateTime::from_timestamp_millis(millis).map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true))
@@ -21,25 +18,6 @@ fn time(millis: i64) -> Option<String> {
 
 fn rfc(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
-}
-
-/// The raw line a record points to, when its file still holds it.
-fn line_of(bridge: &Bridge, record: &Record) -> Option<Vec<u8>> {
-    let file = open_inbox(&bridge.inbox_path(&record.inbox).ok()?, false).ok()?;
-    let mut buf = vec![0; record.span.checked_sub(1)? as usize];
-    file.read_exact_at(&mut buf, record.offset).ok()?;
-    Some(buf)
-}
-
-/// Every journal record, oldest first, for which `keep` says yes.
-fn scan(bridge: &Bridge, keep: &mut dyn FnMut(&Record) -> bool) -> anyhow::Result<Vec<Record>> {
-    let mut found = Vec::new();
-    JournalFollower::new(journal_path(bridge), 0).read(&mut |record| {
-        if keep(&record) {
-            found.push(record);
-        }
-    })?;
-    Ok(found)
 }
 
 #[derive(Serialize)]
@@ -61,30 +39,15 @@ struct Shown<'a> {
 
 pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
-    let snapshot = caught_up(&bridge)?;
+    let view = view(&bridge)?;
     let id = args.id.as_str();
-    let found = scan(&bridge, &mut |r| {
-        r.line.as_ref().is_some_and(|a| a.id == id)
-            || (r.verdict != Word::Accepted && r.id.as_deref() == Some(id))
-    })?;
-    let Some(record) = found.first() else {
+    let Some(record) = view.message(id)? else {
         return Err(refused(format!("no message '{id}' in the journal")));
     };
-    let bytes = line_of(&bridge, record);
-    let envelope: Option<&RawValue> = bytes
-        .as_deref()
-        .and_then(|b| serde_json::from_slice(b).ok());
-    let read = open_inbox(&bridge.inbox_path(&record.inbox)?, false)
-        .ok()
-        .and_then(|file| {
-            let meta = file.metadata().ok()?;
-            let journal = snapshot.inboxes.get(&record.inbox)?;
-            let same =
-                (meta.dev(), meta.ino()) == (journal.dev, journal.ino) && journal.gen == record.gen;
-            Some(same && cursor::load(&bridge, &record.inbox, &file).ok()?.offset() > record.offset)
-        })
-        .unwrap_or(false);
-    let request = snapshot.ledger.request(id);
+    let bytes = record.line.as_deref();
+    let envelope: Option<&RawValue> = bytes.and_then(|b| serde_json::from_slice(b).ok());
+    let read = record.read;
+    let request = view.request(id);
     let verdict = match record.verdict {
         Word::Accepted => "accepted",
         Word::Duplicate => "duplicate",
@@ -99,9 +62,9 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
         detail: record.detail.as_deref(),
         delivered_at: time(record.seen_at).filter(|_| record.verdict == Word::Accepted),
         read,
-        answered_at: request.and_then(|r| r.first_response_at).map(rfc),
-        state: request.map(|r| r.state.as_str()),
-        thread: record.line.as_ref().map(|a| a.context_id.as_str()),
+        answered_at: request.as_ref().and_then(|r| r.first_response_at).map(rfc),
+        state: request.as_ref().map(|r| r.state.as_str()),
+        thread: record.context_id.as_deref(),
         envelope,
     };
     if args.json {
@@ -122,7 +85,7 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
             if read { "read" } else { "not read yet" }
         );
     }
-    if let Some(request) = request {
+    if let Some(request) = &request {
         println!(
             "  request {} → {}: {}{}",
             request.requester,
@@ -146,13 +109,8 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
     if let Some(thread) = shown.thread {
         println!("  thread {thread} (doorbell thread {thread})");
     }
-    if let Some(bytes) = &bytes {
-        let limits = doorbell_core::Limits {
-            max_line_bytes: usize::MAX,
-        };
-        if let Ok(envelope) = doorbell_core::judge_stateless(bytes, None, &limits) {
-            print!("\n{}", output::message(&envelope, Utc::now()));
-        }
+    if let Some(envelope) = bytes.and_then(envelope_of) {
+        print!("\n{}", output::message(&envelope, Utc::now()));
     }
     Ok(OK)
 }
@@ -172,21 +130,19 @@ struct DebtOut<'a> {
 
 pub fn debts(session: &Session, args: &DebtsArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
-    let snapshot = caught_up(&bridge)?;
-    let debts: Vec<DebtOut<'_>> = snapshot
-        .ledger
-        .debts()
-        .into_iter()
+    let open = view(&bridge)?.debts()?;
+    let debts: Vec<DebtOut<'_>> = open
+        .iter()
         .filter(|d| args.owed_by.as_deref().is_none_or(|a| d.debtor() == a))
         .map(|d| DebtOut {
-            request: &d.request.id,
+            request: &d.id,
             debtor: d.debtor(),
             creditor: d.creditor(),
-            state: d.request.state.as_str(),
-            priority: d.request.priority,
-            silent_since: rfc(d.request.state_since),
-            rings: d.request.rings_total,
-            reply_by: d.request.reply_by.map(rfc),
+            state: d.state.as_str(),
+            priority: d.priority,
+            silent_since: rfc(d.state_since),
+            rings: d.rings_total,
+            reply_by: d.reply_by.map(rfc),
         })
         .collect();
     if args.json {
@@ -223,37 +179,30 @@ pub fn debts(session: &Session, args: &DebtsArgs) -> anyhow::Result<i32> {
 
 pub fn thread(session: &Session, args: &ThreadArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
-    drop(caught_up(&bridge)?);
     let context = args.context.as_str();
-    let records = scan(&bridge, &mut |r| {
-        r.verdict == Word::Accepted && r.line.as_ref().is_some_and(|a| a.context_id == context)
-    })?;
-    if records.is_empty() {
+    let messages = view(&bridge)?.thread(context)?;
+    if messages.is_empty() {
         return Err(refused(format!("no thread '{context}' in the journal")));
     }
     let now = Utc::now();
-    let limits = doorbell_core::Limits {
-        max_line_bytes: usize::MAX,
-    };
-    for record in &records {
-        let Some(bytes) = line_of(&bridge, record) else {
-            let id = record.line.as_ref().map_or("?", |a| a.id.as_str());
+    for message in &messages {
+        let Some(bytes) = &message.line else {
             println!(
-                "{id}: no longer in {}-inbox.jsonl (the inbox was replaced)",
-                record.inbox
+                "{}: no longer in {}-inbox.jsonl (the inbox was replaced)",
+                message.row.id, message.row.inbox
             );
             continue;
         };
         if args.json {
-            let raw: &RawValue = serde_json::from_slice(&bytes)?;
+            let raw: &RawValue = serde_json::from_slice(bytes)?;
             let out = crate::read::JsonMessage {
-                inbox: &record.inbox,
-                offset: record.offset,
+                inbox: &message.row.inbox,
+                offset: message.row.offset,
                 verdict: "accepted",
                 envelope: raw,
             };
             println!("{}", serde_json::to_string(&out)?);
-        } else if let Ok(envelope) = doorbell_core::judge_stateless(&bytes, None, &limits) {
+        } else if let Some(envelope) = message.envelope() {
             println!("{}", output::message(&envelope, now));
         }
     }

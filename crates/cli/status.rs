@@ -7,9 +7,8 @@ use std::os::unix::fs::MetadataExt;
 
 use chrono::{DateTime, Utc};
 use doorbell_store::append::open_inbox;
-use doorbell_store::journal::{InboxJournal, Snapshot};
 use doorbell_store::reader::{Line, LineReader};
-use doorbell_store::{cursor, Bridge, BridgeLock, Judge};
+use doorbell_store::{cursor, Bridge, View};
 use serde::Serialize;
 
 use crate::args::StatusArgs;
@@ -39,14 +38,17 @@ struct Status {
     warnings: Vec<String>,
 }
 
-/// Accepted lines between `from` and where judging stopped.
-fn unread(bridge: &Bridge, agent: &str, journal: &InboxJournal) -> anyhow::Result<u64> {
+/// Accepted lines between the agent's cursor and where judging stopped.
+fn unread(bridge: &Bridge, view: &View, agent: &str) -> anyhow::Result<u64> {
     let inbox = open_inbox(&bridge.inbox_path(agent)?, false)?;
     let meta = inbox.metadata()?;
-    if (meta.dev(), meta.ino()) != (journal.dev, journal.ino) {
+    let from = cursor::load(bridge, agent, &inbox)?.offset();
+    let Some(journal) = view.inbox(agent, from)? else {
+        return Ok(0);
+    };
+    if (meta.dev(), meta.ino()) != (journal.journal.dev, journal.journal.ino) {
         return Ok(0);
     }
-    let from = cursor::load(bridge, agent, &inbox)?.offset();
     let mut count = 0;
     LineReader::new(bridge.max_line_bytes()).read(&inbox, from, |line| -> std::io::Result<()> {
         if let Line::Complete { offset, .. } = line {
@@ -59,17 +61,9 @@ fn unread(bridge: &Bridge, agent: &str, journal: &InboxJournal) -> anyhow::Resul
 
 pub fn run(session: &Session, args: &StatusArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
-    let (snapshot, judge) = match BridgeLock::try_acquire(&bridge, "doorbell catch-up")? {
-        Some(lock) => {
-            let mut judge = Judge::open(bridge.clone(), lock)?;
-            judge.catch_up(Utc::now())?;
-            (judge.into_snapshot(), None)
-        }
-        None => (
-            Snapshot::load(&bridge)?,
-            Some(doorbell_store::lock::holder(&bridge)),
-        ),
-    };
+    let mut view = crate::session::view(&bridge)?;
+    let judge = view.judge().map(str::to_owned);
+    let debts = view.debts()?;
     let inboxes = bridge.inboxes()?;
     let mut agents: BTreeMap<String, AgentStatus> = BTreeMap::new();
     for name in inboxes
@@ -82,7 +76,7 @@ pub fn run(session: &Session, args: &StatusArgs) -> anyhow::Result<i32> {
             ..AgentStatus::default()
         });
     }
-    for debt in snapshot.ledger.debts() {
+    for debt in &debts {
         if let Some(agent) = agents.get_mut(debt.debtor()) {
             agent.owes += 1;
         }
@@ -91,8 +85,8 @@ pub fn run(session: &Session, args: &StatusArgs) -> anyhow::Result<i32> {
         }
     }
     for agent in agents.values_mut().filter(|a| a.has_inbox) {
-        if let Some(journal) = snapshot.inboxes.get(&agent.name) {
-            agent.unread = unread(&bridge, &agent.name, journal)?;
+        if let Some(journal) = view.inboxes().get(&agent.name) {
+            agent.unread = unread(&bridge, &view, &agent.name)?;
             agent.last_activity = DateTime::from_timestamp_millis(journal.last_accepted_at)
                 .filter(|_| journal.last_accepted_at > 0)
                 .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
@@ -125,9 +119,9 @@ pub fn run(session: &Session, args: &StatusArgs) -> anyhow::Result<i32> {
         judge_running: judge.is_some(),
         judge: judge.unwrap_or_else(|| "none running".to_owned()),
         agents: agents.into_values().collect(),
-        refused: snapshot.refused.values().sum(),
-        refused_by_reason: snapshot
-            .refused
+        refused: view.refused().values().sum(),
+        refused_by_reason: view
+            .refused()
             .iter()
             .map(|(r, n)| (r.code().to_owned(), *n))
             .collect(),

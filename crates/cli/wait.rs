@@ -3,30 +3,26 @@
 //! completed, waits for input or (with `--any`) got an answer; 4 when it failed, was
 //! rejected or canceled; 124 on timeout.
 
-use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
 use doorbell_core::duration::parse_duration;
 use doorbell_core::State;
-use doorbell_store::journal::{journal_path, JournalFollower, Word};
 use serde_json::value::RawValue;
 
 use crate::args::WaitArgs;
 use crate::events::{judge_if_idle, Events, GRACE};
 use crate::exit::{refused, OK};
-use crate::session::{caught_up, Session};
+use crate::session::{view, Session};
 
 /// `wait` gave up.
 pub const TIMED_OUT: i32 = 124;
 /// The request ended failed, rejected or canceled.
 pub const ENDED_BADLY: i32 = 4;
 
-/// The last response seen: where it is, to print it.
+/// The last response seen: its id, to print it.
 struct Answer {
     state: State,
-    inbox: String,
-    offset: u64,
-    span: u64,
+    id: String,
 }
 
 pub fn run(session: &Session, args: &WaitArgs) -> anyhow::Result<i32> {
@@ -34,13 +30,10 @@ pub fn run(session: &Session, args: &WaitArgs) -> anyhow::Result<i32> {
     let deadline = Instant::now() + timeout;
     let bridge = session.bridge()?;
     let events = Events::new(&bridge)?;
-    let snapshot = caught_up(&bridge)?;
-    let mut known = snapshot
-        .ledger
-        .request(&args.id)
-        .map(|r| (r.state, r.responses));
-    let mut follower = JournalFollower::new(journal_path(&bridge), snapshot.journal_len);
-    drop(snapshot);
+    let view = view(&bridge)?;
+    let mut known = view.request(&args.id).map(|r| (r.state, r.responses));
+    let mut follower = view.updates();
+    drop(view);
     let mut answer: Option<Answer> = None;
     let grace = Instant::now() + GRACE;
     loop {
@@ -48,7 +41,7 @@ pub fn run(session: &Session, args: &WaitArgs) -> anyhow::Result<i32> {
             let done =
                 state.is_terminal() || state == State::InputRequired || (args.any && responses > 0);
             if done {
-                return Ok(finish(&bridge, &args.id, state, answer.as_ref(), args.json));
+                return finish(&bridge, &args.id, state, answer.as_ref(), args.json);
             }
         } else if Instant::now() > grace {
             return Err(refused(format!(
@@ -68,14 +61,7 @@ pub fn run(session: &Session, args: &WaitArgs) -> anyhow::Result<i32> {
         if events.take_unjudged() {
             judge_if_idle(&bridge)?;
         }
-        follower.read(&mut |record| {
-            let Some(line) = record
-                .line
-                .as_ref()
-                .filter(|_| record.verdict == Word::Accepted)
-            else {
-                return;
-            };
+        follower.accepted(&mut |line| {
             if line.id == args.id {
                 known.get_or_insert((State::Submitted, 0));
             } else if line.correlates_to.as_deref() == Some(&args.id) {
@@ -84,9 +70,7 @@ pub fn run(session: &Session, args: &WaitArgs) -> anyhow::Result<i32> {
                     known = Some((state, responses));
                     answer = Some(Answer {
                         state,
-                        inbox: record.inbox.clone(),
-                        offset: record.offset,
-                        span: record.span,
+                        id: line.id.clone(),
                     });
                 }
             }
@@ -100,34 +84,29 @@ fn finish(
     state: State,
     answer: Option<&Answer>,
     json: bool,
-) -> i32 {
-    let line = answer.and_then(|a| {
-        let file =
-            doorbell_store::append::open_inbox(&bridge.inbox_path(&a.inbox).ok()?, false).ok()?;
-        let mut buf = vec![0; a.span.saturating_sub(1) as usize];
-        file.read_exact_at(&mut buf, a.offset).ok()?;
-        Some((a, buf))
-    });
+) -> anyhow::Result<i32> {
+    // The answer's line, found by its id once the wait is over.
+    let line = match answer {
+        Some(answer) => doorbell_store::View::open(bridge)?
+            .message(&answer.id)?
+            .and_then(|found| found.line),
+        None => None,
+    };
     if json {
         let envelope: Option<&RawValue> = line
             .as_ref()
-            .and_then(|(_, bytes)| serde_json::from_slice(bytes).ok());
+            .and_then(|bytes| serde_json::from_slice(bytes).ok());
         let doc = serde_json::json!({ "id": id, "state": state.as_str(), "response": envelope });
         println!("{doc}");
     } else {
         println!("{id}: {state}");
-        if let Some((answer, bytes)) = &line {
-            let limits = doorbell_core::Limits {
-                max_line_bytes: usize::MAX,
-            };
-            if let Ok(envelope) = doorbell_core::judge_stateless(bytes, None, &limits) {
-                debug_assert_eq!(envelope.state, Some(answer.state));
-                print!("{}", crate::output::message(&envelope, chrono::Utc::now()));
-            }
+        if let Some(envelope) = line.as_deref().and_then(doorbell_store::view::envelope_of) {
+            debug_assert_eq!(envelope.state, answer.map(|a| a.state));
+            print!("{}", crate::output::message(&envelope, chrono::Utc::now()));
         }
     }
-    match state {
+    Ok(match state {
         State::Failed | State::Rejected | State::Canceled => ENDED_BADLY,
         _ => OK,
-    }
+    })
 }

@@ -7,37 +7,34 @@ use std::os::unix::fs::MetadataExt;
 
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor;
-use doorbell_store::journal::{journal_path, JournalFollower};
 use doorbell_store::reader::LineReader;
+use doorbell_store::view::InboxView;
 
 use crate::args::WatchArgs;
 use crate::events::{judge_if_idle, Events};
 use crate::exit::OK;
 use crate::read::{print_accepted, warn_replaced, Inbox, Printed};
-use crate::session::{caught_up, Session};
+use crate::session::{view, Session};
 
 pub fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let path = bridge.require_inbox(&args.agent)?;
     let events = Events::new(&bridge)?;
-    let (mut journal, mut follower) = {
-        let snapshot = caught_up(&bridge)?;
-        let journal = snapshot
-            .inboxes
-            .get(&args.agent)
-            .cloned()
-            .unwrap_or_default();
-        let follower = JournalFollower::new(journal_path(&bridge), snapshot.journal_len);
-        (journal, follower)
-    };
     let mut inbox = open_inbox(&path, false)?;
     let position = cursor::load(&bridge, &args.agent, &inbox)?;
     warn_replaced(&args.agent, position);
     let mut printed_to = position.offset();
+    let (mut journal, mut follower) = {
+        let view = view(&bridge)?;
+        let journal = view
+            .inbox(&args.agent, printed_to)?
+            .unwrap_or_else(|| InboxView::empty(&args.agent));
+        (journal, view.updates())
+    };
     let mut out = std::io::stdout().lock();
     let mut reader = LineReader::new(bridge.max_line_bytes());
     loop {
-        if identity(&inbox)? == (journal.dev, journal.ino) {
+        if identity(&inbox)? == (journal.journal.dev, journal.journal.ino) {
             let reading = Inbox {
                 agent: &args.agent,
                 path: &path,
@@ -64,21 +61,17 @@ pub fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<i32> {
         if events.take_unjudged() {
             judge_if_idle(&bridge)?;
         }
-        let agent = args.agent.as_str();
-        let gen = journal.gen;
-        follower.read(&mut |record| {
-            if record.inbox == agent {
-                journal.apply(&record);
-            }
-        })?;
+        let gen = journal.journal.gen;
+        follower.follow(&mut journal)?;
         // The judge started a new generation (truncated, replaced, recreated): start over,
         // on the file the judge is reading now.
-        if journal.gen != gen {
+        if journal.journal.gen != gen {
             printed_to = 0;
         }
-        if identity(&inbox)? != (journal.dev, journal.ino) {
+        let judged = (journal.journal.dev, journal.journal.ino);
+        if identity(&inbox)? != judged {
             if let Ok(current) = open_inbox(&path, false) {
-                if identity(&current)? == (journal.dev, journal.ino) {
+                if identity(&current)? == judged {
                     inbox = current;
                 }
             }

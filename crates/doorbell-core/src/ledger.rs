@@ -3,7 +3,13 @@
 //!
 //! It is fed only accepted lines, in journal order, with the judge's `seenAt`; replaying the
 //! same journal always rebuilds the same ledger. It never reads a file or a clock.
+//!
+//! Memory holds only the working set: the open requests, and what changed since the store
+//! last saved the ledger. Everything older (every id ever claimed, every closed request) is
+//! in an [`Archive`], which the store keeps on disk; the ledger asks it by key and never
+//! holds it. Without an archive the ledger is the whole history, as in tests.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use foldhash::fast::RandomState;
@@ -239,60 +245,98 @@ impl<'l> Debt<'l> {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-struct Claim {
-    fingerprint: u64,
+/// What the ledger has handed to disk: every id claimed and every request, by key. The
+/// store implements it over its index; the ledger only asks.
+pub trait Archive: Send + std::fmt::Debug {
+    /// The fingerprint of the accepted line that claimed `id`.
+    fn claim(&self, id: &str) -> Option<u64>;
+    /// Request `id` as last saved.
+    fn request(&self, id: &str) -> Option<Request>;
 }
 
-/// Every accepted id and every request, fed in journal order.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Claim {
+    fingerprint: u64,
+    /// The change set it was made in (see [`Ledger::take_changes`]).
+    touched: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    request: Box<Request>,
+    /// The change set it was last changed in; 0 when it is as the archive has it.
+    touched: u64,
+}
+
+/// The requests a change set holds: what the store must save for the archive to catch up.
+#[derive(Debug, Default)]
+pub struct Changes {
+    pub seq: u64,
+    pub requests: Vec<Request>,
+}
+
+/// Every accepted id and every request, fed in journal order: the working set in memory,
+/// the rest in the archive.
+#[derive(Debug, Default)]
 pub struct Ledger {
     // foldhash: fast on short keys, and seeded per process so ids chosen by a hostile writer
     // cannot be made to collide.
-    #[serde(deserialize_with = "sized_map")]
     claims: HashMap<Box<str>, Claim, RandomState>,
     // Boxed: a request is a few hundred bytes, and growing the map moves only pointers.
-    #[serde(deserialize_with = "sized_map")]
-    requests: HashMap<Box<str>, Box<Request>, RandomState>,
-}
-
-/// A map read from a checkpoint: the entries are gathered first and the map built at its final
-/// size, since JSON does not say how many entries follow and growing a map of half a million
-/// ids step by step hashed every key again at each step.
-fn sized_map<'de, D, K, V>(d: D) -> Result<HashMap<K, V, RandomState>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    K: Deserialize<'de> + Eq + std::hash::Hash,
-    V: Deserialize<'de>,
-{
-    struct Entries<K, V>(std::marker::PhantomData<(K, V)>);
-    impl<'de, K: Deserialize<'de>, V: Deserialize<'de>> serde::de::Visitor<'de> for Entries<K, V> {
-        type Value = Vec<(K, V)>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a map")
-        }
-        fn visit_map<A: serde::de::MapAccess<'de>>(
-            self,
-            mut map: A,
-        ) -> Result<Self::Value, A::Error> {
-            let mut entries = Vec::new();
-            while let Some(entry) = map.next_entry()? {
-                entries.push(entry);
-            }
-            Ok(entries)
-        }
-    }
-    let entries = d.deserialize_map(Entries(std::marker::PhantomData))?;
-    let mut map = HashMap::with_capacity_and_hasher(entries.len(), RandomState::default());
-    map.extend(entries);
-    Ok(map)
+    requests: HashMap<Box<str>, Entry, RandomState>,
+    archive: Option<Box<dyn Archive>>,
+    /// The change set being filled; the ones before it were taken by the store.
+    seq: u64,
 }
 
 impl Ledger {
     #[must_use]
     pub fn new() -> Self {
-        Self::default()
+        Ledger {
+            seq: 1,
+            ..Ledger::default()
+        }
+    }
+
+    /// A ledger whose history is in `archive`: memory starts empty.
+    #[must_use]
+    pub fn with_archive(archive: Box<dyn Archive>) -> Self {
+        Ledger {
+            archive: Some(archive),
+            ..Ledger::new()
+        }
+    }
+
+    fn find_request(&self, id: &str) -> Option<Cow<'_, Request>> {
+        match self.requests.get(id) {
+            Some(entry) => Some(Cow::Borrowed(&entry.request)),
+            None => self.archive.as_ref()?.request(id).map(Cow::Owned),
+        }
+    }
+
+    fn find_claim(&self, id: &str) -> Option<u64> {
+        match self.claims.get(id) {
+            Some(claim) => Some(claim.fingerprint),
+            None => self.archive.as_ref()?.claim(id),
+        }
+    }
+
+    /// Request `id` in memory, to be changed: fetched from the archive when it is not there.
+    fn request_mut(&mut self, id: &str) -> Option<&mut Entry> {
+        if !self.requests.contains_key(id) {
+            let request = self.archive.as_ref()?.request(id)?;
+            self.requests.insert(
+                id.into(),
+                Entry {
+                    request: Box::new(request),
+                    touched: 0,
+                },
+            );
+        }
+        let seq = self.seq;
+        let entry = self.requests.get_mut(id)?;
+        entry.touched = seq;
+        Some(entry)
     }
 
     /// The registry and ledger rules for an envelope that passed the stateless ones, from
@@ -322,7 +366,8 @@ impl Ledger {
         let request = envelope
             .correlates_to
             .as_deref()
-            .and_then(|id| self.requests.get(id));
+            .and_then(|id| self.find_request(id));
+        let request = request.as_deref();
         // misaddressed: the inbox's owner, then the other party of the request.
         if envelope.to != owner {
             return Err(Refusal::new(
@@ -389,8 +434,8 @@ impl Ledger {
             ));
         }
         // duplicate / id-reused
-        if let Some(claim) = self.claims.get(&*envelope.id) {
-            return if claim.fingerprint == envelope.fingerprint {
+        if let Some(fingerprint) = self.find_claim(&envelope.id) {
+            return if fingerprint == envelope.fingerprint {
                 Ok(Verdict::Duplicate)
             } else {
                 Err(Refusal::new(
@@ -475,7 +520,7 @@ impl Ledger {
             (None, _) => envelope
                 .correlates_to
                 .as_deref()
-                .and_then(|id| self.requests.get(id))
+                .and_then(|id| self.find_request(id))
                 .map_or_else(|| envelope.thread().to_owned(), |r| r.context_id.clone()),
         };
         Accepted {
@@ -500,41 +545,46 @@ impl Ledger {
             line.id.as_str().into(),
             Claim {
                 fingerprint: line.fingerprint,
+                touched: self.seq,
             },
         );
         match line.kind {
             Kind::Request => {
+                let request = Box::new(Request {
+                    id: line.id,
+                    requester: line.from,
+                    addressee: line.to,
+                    context_id: line.context_id,
+                    task_id: line.task_id,
+                    state: State::Submitted,
+                    priority: line.priority,
+                    reply_by: line.reply_by,
+                    created_at: line.created_at,
+                    seen_at,
+                    state_since: seen_at,
+                    epoch: 0,
+                    responses: 0,
+                    first_response_at: None,
+                    closed_at: None,
+                    rings: 0,
+                    last_ring_at: None,
+                    escalated: false,
+                    rings_total: 0,
+                    location: None,
+                });
                 self.requests.insert(
-                    line.id.as_str().into(),
-                    Box::new(Request {
-                        id: line.id,
-                        requester: line.from,
-                        addressee: line.to,
-                        context_id: line.context_id,
-                        task_id: line.task_id,
-                        state: State::Submitted,
-                        priority: line.priority,
-                        reply_by: line.reply_by,
-                        created_at: line.created_at,
-                        seen_at,
-                        state_since: seen_at,
-                        epoch: 0,
-                        responses: 0,
-                        first_response_at: None,
-                        closed_at: None,
-                        rings: 0,
-                        last_ring_at: None,
-                        escalated: false,
-                        rings_total: 0,
-                        location: None,
-                    }),
+                    request.id.as_str().into(),
+                    Entry {
+                        request,
+                        touched: self.seq,
+                    },
                 );
             }
             Kind::Response => {
                 let (Some(id), Some(state)) = (&line.correlates_to, line.state) else {
                     return;
                 };
-                if let Some(request) = self.requests.get_mut(id.as_str()) {
+                if let Some(Entry { request, .. }) = self.request_mut(id) {
                     request.state = state;
                     request.state_since = seen_at;
                     request.epoch += 1;
@@ -557,7 +607,7 @@ impl Ledger {
     /// Record that the doorbell loop wrote `due` for `request` in `epoch` at `at`. A record
     /// for an older epoch (the state moved on meanwhile) changes nothing.
     pub fn rang(&mut self, request: &str, epoch: u32, due: crate::debts::Due, at: DateTime<Utc>) {
-        let Some(request) = self.requests.get_mut(request) else {
+        let Some(Entry { request, .. }) = self.request_mut(request) else {
             return;
         };
         if request.epoch != epoch {
@@ -577,7 +627,7 @@ impl Ledger {
 
     /// Record where request `id`'s line is in its addressee's inbox.
     pub fn locate(&mut self, id: &str, gen: u32, offset: u64) {
-        if let Some(request) = self.requests.get_mut(id) {
+        if let Some(Entry { request, .. }) = self.request_mut(id) {
             request.location = Some((gen, offset));
         }
     }
@@ -585,24 +635,32 @@ impl Ledger {
     /// Whether `id` was claimed by an accepted line.
     #[must_use]
     pub fn is_claimed(&self, id: &str) -> bool {
-        self.claims.contains_key(id)
+        self.find_claim(id).is_some()
     }
 
+    /// The fingerprint of the accepted line that claimed `id`, from memory or the archive.
     #[must_use]
-    pub fn request(&self, id: &str) -> Option<&Request> {
-        self.requests.get(id).map(|request| &**request)
+    pub fn fingerprint_of(&self, id: &str) -> Option<u64> {
+        self.find_claim(id)
     }
 
+    /// Request `id`, from memory or the archive.
+    #[must_use]
+    pub fn request(&self, id: &str) -> Option<Cow<'_, Request>> {
+        self.find_request(id)
+    }
+
+    /// The requests in memory: every open one once [`Ledger::load`] brought them in (the
+    /// judge does at start), plus those changed since the last save.
     pub fn requests(&self) -> impl Iterator<Item = &Request> {
-        self.requests.values().map(|request| &**request)
+        self.requests.values().map(|entry| &*entry.request)
     }
 
-    /// Open requests, oldest state first.
+    /// Open requests in memory, oldest state first.
     #[must_use]
     pub fn debts(&self) -> Vec<Debt<'_>> {
         let mut debts: Vec<Debt<'_>> = self
-            .requests
-            .values()
+            .requests()
             .filter(|r| r.is_open())
             .map(|request| Debt { request })
             .collect();
@@ -612,7 +670,56 @@ impl Ledger {
         debts
     }
 
-    /// How many ids are claimed.
+    /// Bring requests from the archive into memory, as they were saved; a request memory
+    /// already holds is newer and stays.
+    pub fn load(&mut self, requests: impl IntoIterator<Item = Request>) {
+        for request in requests {
+            if !self.requests.contains_key(request.id.as_str()) {
+                self.requests.insert(
+                    request.id.as_str().into(),
+                    Entry {
+                        request: Box::new(request),
+                        touched: 0,
+                    },
+                );
+            }
+        }
+    }
+
+    /// The requests changed since the last call, to be saved; later changes go into the
+    /// next set. Memory keeps them until [`Ledger::saved`] says the archive has them.
+    pub fn take_changes(&mut self) -> Changes {
+        let seq = self.seq;
+        self.seq += 1;
+        Changes {
+            seq,
+            requests: self
+                .requests
+                .values()
+                .filter(|entry| entry.touched == seq)
+                .map(|entry| (*entry.request).clone())
+                .collect(),
+        }
+    }
+
+    /// The archive now holds every change set up to `seq`: what it holds leaves memory,
+    /// except the open requests. Without an archive nothing leaves.
+    pub fn saved(&mut self, seq: u64) {
+        if self.archive.is_none() {
+            return;
+        }
+        self.claims.retain(|_, claim| claim.touched > seq);
+        self.requests
+            .retain(|_, entry| entry.touched > seq || entry.request.is_open());
+    }
+
+    /// The change set being filled.
+    #[must_use]
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// How many claimed ids memory holds (without an archive: every id claimed).
     #[must_use]
     pub fn len(&self) -> usize {
         self.claims.len()

@@ -17,6 +17,6 @@ pub mod verdict;
 
 pub use envelope::{Envelope, Kind, MessageSummary, State};
 pub use judge::{judge_line, judge_stateless, Limits, Registry};
-pub use ledger::{Accepted, Debt, Ledger, Request};
+pub use ledger::{Accepted, Archive, Changes, Debt, Ledger, Request};
 pub use name::{is_agent_name, is_id, is_reserved_id, BUILTIN_LOOPS};
 pub use verdict::{Refusal, RefusalReason, Verdict};

@@ -171,7 +171,7 @@ fn run_grid(grid: &[(&str, [&str; 6]); 7], by_addressee: bool) {
     for (from_state, row) in grid {
         for (sent, expected) in SENT.iter().zip(row) {
             let mut bridge = in_state(from_state);
-            let before = bridge.ledger.request("r1").unwrap().clone();
+            let before = bridge.ledger.request("r1").unwrap().into_owned();
             let m = if by_addressee {
                 response("x1", "web", "design", "r1", sent)
             } else {
@@ -195,7 +195,7 @@ fn run_grid(grid: &[(&str, [&str; 6]); 7], by_addressee: bool) {
                 assert_eq!(after.state_since, bridge.now());
                 assert!(bridge.ledger.is_claimed("x1"));
             } else {
-                assert_eq!(after, &before, "a refused line leaves the request alone");
+                assert_eq!(*after, before, "a refused line leaves the request alone");
                 assert!(
                     !bridge.ledger.is_claimed("x1"),
                     "a refused line claims no id"
@@ -590,7 +590,7 @@ fn duplicate_is_a_safe_retry() {
         .set("priority", 2)
         .set("taskId", "q-1");
     bridge.ok(&original);
-    let before = bridge.ledger.request("r1").unwrap().clone();
+    let before = bridge.ledger.request("r1").unwrap().into_owned();
     let claims = bridge.ledger.len();
 
     let retries = [
@@ -618,8 +618,8 @@ fn duplicate_is_a_safe_retry() {
 
     assert_eq!(bridge.ledger.len(), claims);
     assert_eq!(
-        bridge.ledger.request("r1").unwrap(),
-        &before,
+        *bridge.ledger.request("r1").unwrap(),
+        before,
         "a duplicate changes nothing"
     );
 }
@@ -971,26 +971,36 @@ fn only_accepted_lines_claim_ids() {
     check(&mut bridge, &note("n1", "web", "ci").text("other text"), OK);
 }
 
-/// A ledger saved in a checkpoint and read back is the same ledger: every request, every
-/// claimed id, and the same verdicts for what comes next.
+/// The history behind an archive: the lines a ledger handed over, asked by key.
+#[derive(Debug)]
+struct Shelf(std::sync::Mutex<Ledger>);
+
+impl doorbell_core::Archive for Shelf {
+    fn claim(&self, id: &str) -> Option<u64> {
+        self.0.lock().unwrap().fingerprint_of(id)
+    }
+    fn request(&self, id: &str) -> Option<doorbell_core::Request> {
+        Some(self.0.lock().unwrap().request(id)?.into_owned())
+    }
+}
+
+/// A ledger whose history is in its archive starts with nothing in memory, judges exactly as
+/// the ledger that holds everything, and lets go of what the archive has once it is saved.
 #[test]
-fn a_ledger_survives_its_checkpoint() {
+fn a_ledger_over_its_archive_judges_as_the_whole_one() {
     let mut bridge = asked();
     bridge.ok(&request("r2", "web", "design"));
     bridge.ok(&note("n1", "design", "web"));
     bridge.ok(&response("a1", "web", "design", "r1", "working"));
     bridge.ok(&response("a2", "design", "web", "r2", "completed"));
-    let saved = serde_json::to_string(&bridge.ledger).unwrap();
-    let loaded: Ledger = serde_json::from_str(&saved).unwrap();
+    let whole = std::mem::take(&mut bridge.ledger);
+    bridge.ledger = Ledger::with_archive(Box::new(Shelf(std::sync::Mutex::new(whole))));
+    assert_eq!(bridge.ledger.len(), 0, "memory starts empty");
+    assert_eq!(bridge.ledger.requests().count(), 0);
     for id in ["r1", "r2", "n1", "a1", "a2"] {
-        assert!(loaded.is_claimed(id), "{id}");
+        assert!(bridge.ledger.is_claimed(id), "{id}");
     }
-    assert!(!loaded.is_claimed("r3"));
-    for id in ["r1", "r2"] {
-        assert_eq!(loaded.request(id), bridge.ledger.request(id), "{id}");
-    }
-    assert_eq!(loaded.requests().count(), 2);
-    bridge.ledger = loaded;
+    assert!(!bridge.ledger.is_claimed("r3"));
     check(&mut bridge, &request("r1", "design", "web"), "duplicate");
     check(
         &mut bridge,
@@ -1002,4 +1012,23 @@ fn a_ledger_survives_its_checkpoint() {
         &response("a3", "web", "design", "r2", "working"),
         "request-closed",
     );
+    // An open request from the archive comes into memory when it changes.
+    check(
+        &mut bridge,
+        &response("a4", "web", "design", "r1", "completed"),
+        OK,
+    );
+    assert_eq!(bridge.state("r1").as_str(), "completed");
+    let changes = bridge.ledger.take_changes();
+    let ids: Vec<&str> = changes.requests.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["r1"]);
+    assert_eq!(bridge.ledger.len(), 1, "a4's claim waits for the save");
+    bridge.ledger.saved(changes.seq);
+    assert_eq!(bridge.ledger.len(), 0, "saved claims leave memory");
+    assert_eq!(
+        bridge.ledger.requests().count(),
+        0,
+        "a closed request leaves memory once saved"
+    );
+    assert!(bridge.ledger.take_changes().requests.is_empty());
 }

@@ -3,11 +3,11 @@
 //! arrives, and never wakes otherwise.
 
 use std::collections::BTreeSet;
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use doorbell_store::judge::{Arrival, PendingCheckpoint};
+use doorbell_store::judge::Arrival;
 use doorbell_store::{CatchUp, Config, Judge};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -16,8 +16,12 @@ use crate::Ready;
 /// Refusals to one sender within this window share one notice.
 const NOTICE_WINDOW: Duration = Duration::from_millis(200);
 /// How long judged lines may wait for a checkpoint. The journal is the truth in between;
-/// the checkpoint only shortens the replay after a restart.
-const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
+/// the checkpoint (a save of what changed into the index) only shortens the replay of a
+/// restart or a reader. Saving less often writes fewer pages per message.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(30);
+/// A checkpoint is due sooner once the journal grew this much: what a reader replays stays
+/// small under heavy traffic.
+const CHECKPOINT_AFTER_BYTES: u64 = 256 << 10;
 
 /// What the judging thread is told.
 #[derive(Debug)]
@@ -43,67 +47,6 @@ struct Deadlines {
     retry: Option<Instant>,
     /// How long the last wait before a retry was.
     backoff: Duration,
-}
-
-/// The thread that saves checkpoints, so that their fsyncs and writes (seconds on a busy
-/// disk, for a big ledger) never hold up judging. One save at a time.
-struct Saver {
-    to_save: Sender<PendingCheckpoint>,
-    saved: Receiver<doorbell_store::Result<()>>,
-    in_flight: bool,
-}
-
-impl Saver {
-    fn start() -> Saver {
-        let (to_save, pending) = channel::<PendingCheckpoint>();
-        let (report, saved) = channel();
-        std::thread::Builder::new()
-            .name("checkpoint".into())
-            .spawn(move || {
-                for checkpoint in pending {
-                    if report.send(checkpoint.save()).is_err() {
-                        return;
-                    }
-                }
-            })
-            .expect("starting the checkpoint thread");
-        Saver {
-            to_save,
-            saved,
-            in_flight: false,
-        }
-    }
-
-    /// Hand a checkpoint over unless one is still being saved; false when it is.
-    fn offer(&mut self, judge: &mut Judge) -> doorbell_store::Result<bool> {
-        if self.in_flight {
-            match self.saved.try_recv() {
-                Ok(result) => {
-                    self.in_flight = false;
-                    log_saved(result);
-                }
-                Err(_) => return Ok(false),
-            }
-        }
-        let checkpoint = judge.prepare_checkpoint()?;
-        self.in_flight = self.to_save.send(checkpoint).is_ok();
-        Ok(true)
-    }
-
-    /// Wait for the save in flight, if any.
-    fn settle(&mut self) {
-        if std::mem::take(&mut self.in_flight) {
-            if let Ok(result) = self.saved.recv() {
-                log_saved(result);
-            }
-        }
-    }
-}
-
-fn log_saved(result: doorbell_store::Result<()>) {
-    if let Err(error) = result {
-        tracing::error!(%error, "could not save a checkpoint; the journal stays the truth, and the next one will try again");
-    }
 }
 
 /// What the inputs taken at one wake ask for.
@@ -144,7 +87,7 @@ pub fn run(
         judged: stats.judged(),
     });
     let mut due = Deadlines::default();
-    let mut saver = Saver::start();
+    judge.save_in_background();
     loop {
         let mut batch = receive(&judge, inputs, &due);
         if batch.stop {
@@ -159,7 +102,7 @@ pub fn run(
         if due.retry.is_some_and(|at| Instant::now() < at) {
             continue;
         }
-        match step(&mut judge, batch, &mut due, &mut saver, arrivals) {
+        match step(&mut judge, batch, &mut due, arrivals) {
             Ok(()) => {
                 if due.retry.take().is_some() {
                     tracing::info!("writing works again: judging resumed");
@@ -170,7 +113,11 @@ pub fn run(
             Err(e) => failed(&mut due, &e),
         }
     }
-    saver.settle();
+    if let Err(error) = judge.settle() {
+        // The journal has what the index missed; the next start replays it.
+        tracing::error!(%error, "could not save the last checkpoint");
+        due.retry.get_or_insert_with(Instant::now);
+    }
     if due.retry.is_some() {
         tracing::warn!("stopped while writes fail; unjudged lines wait for the next start");
         return Ok(());
@@ -227,7 +174,6 @@ fn step(
     judge: &mut Judge,
     mut batch: Batch,
     due: &mut Deadlines,
-    saver: &mut Saver,
     arrivals: &UnboundedSender<(String, Arrival)>,
 ) -> doorbell_store::Result<()> {
     if due.retry.is_some() {
@@ -249,6 +195,9 @@ fn step(
             due.checkpoint
                 .get_or_insert_with(|| Instant::now() + CHECKPOINT_EVERY);
         }
+        if judge.unsaved_bytes() > CHECKPOINT_AFTER_BYTES {
+            due.checkpoint = Some(Instant::now());
+        }
         announce(&stats, arrivals);
     }
     if judge.has_untold() {
@@ -264,7 +213,7 @@ fn step(
         judge.emit(Utc::now(), &mut stats)?;
     }
     if due.checkpoint.is_some_and(|at| at <= now_instant) {
-        due.checkpoint = if saver.offer(judge)? {
+        due.checkpoint = if judge.checkpoint_in_background()? {
             None
         } else {
             // The last one is still being saved: try again a little later.

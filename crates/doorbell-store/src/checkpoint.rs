@@ -1,103 +1,138 @@
-//! The checkpoint, `.doorbell/checkpoint.json`: the journal's snapshot (ledger, inbox
-//! positions, the judge's pending side effects) saved so a restart replays only the journal's
-//! tail.
+//! The checkpoint: what a restart starts from so that it replays only the journal's tail.
+//! It is the index (`index.rs`), saved with what changed since the last save; this module
+//! decides when the index can be trusted and what to do when it cannot.
 //!
-//! Written atomically (temp, fsync, rename, fsync the folder), versioned, and never ahead of
-//! the journal: it records the journal length it covers, and that length is synced first.
-//! The previous good copy is kept as `checkpoint.prev.json`. A checkpoint that is corrupt,
-//! from another version, or claims more journal than exists is passed over loudly for the
-//! previous copy or for a full replay — never a silent start from zero or from the end.
+//! A bridge written by an older doorbell has a whole-ledger `checkpoint.json` instead. Its
+//! journal is complete, so migrating is replaying the journal into a new index; the old
+//! files are removed once the index holds everything they did. The same replay rebuilds an
+//! index that is missing, damaged, of another version or ahead of the journal: the journal
+//! says which lines were judged, so nothing is judged twice and no side effect repeated.
 
-use std::fs;
 use std::path::Path;
+use std::sync::mpsc::{channel, Receiver, Sender};
 
-use serde::{Deserialize, Serialize};
-
-use crate::journal::Snapshot;
+use crate::index::IndexWriter;
+use crate::judge::PendingCheckpoint;
 use crate::{Error, Result};
 
-pub const CHECKPOINT_FILE: &str = "checkpoint.json";
-pub const PREVIOUS_FILE: &str = "checkpoint.prev.json";
-const VERSION: u32 = 1;
+/// The old whole-ledger checkpoint and its previous copy.
+pub const OLD_FILES: [&str; 2] = ["checkpoint.json", "checkpoint.prev.json"];
 
-#[derive(Serialize)]
-struct Saving<'a> {
-    version: u32,
-    snapshot: &'a Snapshot,
+/// The index's files: the database and `SQLite`'s own two beside it.
+fn index_files(index: &Path) -> [std::path::PathBuf; 3] {
+    let name = index.display().to_string();
+    [
+        index.to_path_buf(),
+        format!("{name}-wal").into(),
+        format!("{name}-shm").into(),
+    ]
 }
 
-#[derive(Deserialize)]
-struct Loaded {
-    version: u32,
-    snapshot: Snapshot,
+/// Open the index for writing, building a new one when it is missing or cannot be used.
+/// Returns the writer and whether the index is new (to be filled from the whole journal).
+pub fn open_index(index: &Path) -> Result<(IndexWriter, bool)> {
+    let existed = index.exists();
+    Ok((IndexWriter::open(index)?, !existed))
 }
 
-fn state_dir(journal: &Path) -> &Path {
-    journal.parent().unwrap_or(Path::new("."))
+/// Remove the index's files, so that a new one is built.
+pub fn discard(index: &Path) -> Result<()> {
+    for file in index_files(index) {
+        match std::fs::remove_file(&file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("remove damaged index", &file)(e)),
+        }
+    }
+    Ok(())
 }
 
-/// The newest usable checkpoint beside `journal`, or an empty snapshot to replay from zero.
-pub fn load(journal: &Path) -> Result<Snapshot> {
-    let dir = state_dir(journal);
-    let journal_len = fs::metadata(journal).map_or(0, |m| m.len());
-    for name in [CHECKPOINT_FILE, PREVIOUS_FILE] {
-        let path = dir.join(name);
-        let bytes = match fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(Error::io("read checkpoint", &path)(e)),
-        };
-        match serde_json::from_slice::<Loaded>(&bytes) {
-            Ok(loaded)
-                if loaded.version == VERSION && loaded.snapshot.journal_len <= journal_len =>
-            {
-                return Ok(loaded.snapshot);
+/// After the first save of a migrated bridge: the old checkpoint files say nothing the index
+/// does not, so they go.
+pub fn retire_old(state_dir: &Path) {
+    for name in OLD_FILES {
+        let path = state_dir.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), "migrated: the index replaces the old checkpoint");
             }
-            Ok(loaded) if loaded.version != VERSION => {
-                tracing::error!(path = %path.display(), version = loaded.version, "checkpoint has an unknown version; not using it");
-            }
-            Ok(loaded) => {
-                tracing::error!(
-                    path = %path.display(),
-                    covers = loaded.snapshot.journal_len,
-                    journal = journal_len,
-                    "checkpoint is ahead of the journal; not using it"
-                );
-            }
-            Err(e) => {
-                tracing::error!(path = %path.display(), error = %e, "checkpoint is corrupt; not using it");
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "could not remove the old checkpoint");
             }
         }
     }
-    if dir.join(CHECKPOINT_FILE).exists() || dir.join(PREVIOUS_FILE).exists() {
-        tracing::error!(dir = %dir.display(), "no usable checkpoint: replaying the whole journal");
+}
+
+/// The thread that saves checkpoints for a long-running judge, so that their fsyncs and
+/// transactions (seconds on a busy disk) never hold up judging. One save at a time, with its
+/// own connection to the index.
+#[derive(Debug)]
+pub struct Saver {
+    to_save: Sender<PendingCheckpoint>,
+    saved: Receiver<Result<u64>>,
+    in_flight: bool,
+}
+
+impl Saver {
+    #[must_use]
+    pub fn start() -> Saver {
+        let (to_save, pending) = channel::<PendingCheckpoint>();
+        let (report, saved) = channel();
+        std::thread::Builder::new()
+            .name("checkpoint".into())
+            .spawn(move || {
+                // Opened again after a failure.
+                let mut writer: Option<IndexWriter> = None;
+                for checkpoint in pending {
+                    let result = match writer.take() {
+                        Some(w) => Ok(w),
+                        None => IndexWriter::open(checkpoint.index_path()),
+                    }
+                    .and_then(|mut w| {
+                        let saved = checkpoint.save(&mut w)?;
+                        writer = Some(w);
+                        Ok(saved)
+                    });
+                    if report.send(result).is_err() {
+                        return;
+                    }
+                }
+            })
+            .expect("starting the checkpoint thread");
+        Saver {
+            to_save,
+            saved,
+            in_flight: false,
+        }
     }
-    Ok(Snapshot::default())
-}
 
-/// Save `snapshot` (whose `journal_len` must already be durable in the journal).
-pub fn save(journal: &Path, snapshot: &Snapshot) -> Result<()> {
-    write(journal, &encode(snapshot))
-}
+    /// Whether a save is still in flight; when one finished, its result (the change set
+    /// saved, or why it failed).
+    pub fn poll(&mut self) -> Option<Result<u64>> {
+        if !self.in_flight {
+            return None;
+        }
+        let result = self.saved.try_recv().ok()?;
+        self.in_flight = false;
+        Some(result)
+    }
 
-/// The checkpoint's bytes for `snapshot`: what [`write`] saves, made while the snapshot can
-/// be borrowed so the disk work can happen elsewhere.
-#[must_use]
-pub fn encode(snapshot: &Snapshot) -> Vec<u8> {
-    let saving = Saving {
-        version: VERSION,
-        snapshot,
-    };
-    serde_json::to_vec(&saving).expect("a snapshot always serialises")
-}
+    #[must_use]
+    pub fn is_busy(&self) -> bool {
+        self.in_flight
+    }
 
-/// Save checkpoint `bytes` from [`encode`] beside `journal`, atomically, keeping the previous
-/// copy. The journal length they cover must already be durable.
-pub fn write(journal: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = state_dir(journal);
-    crate::atomic::replace_with(
-        &dir.join(CHECKPOINT_FILE),
-        Some(&dir.join(PREVIOUS_FILE)),
-        |out| out.write_all(bytes),
-    )
+    /// Hand a checkpoint over; the caller made sure none is in flight.
+    pub fn hand_over(&mut self, checkpoint: PendingCheckpoint) {
+        self.in_flight = self.to_save.send(checkpoint).is_ok();
+    }
+
+    /// Wait for the save in flight, if any.
+    pub fn settle(&mut self) -> Option<Result<u64>> {
+        if !std::mem::take(&mut self.in_flight) {
+            return None;
+        }
+        self.saved.recv().ok()
+    }
 }

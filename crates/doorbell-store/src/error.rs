@@ -35,6 +35,10 @@ pub enum Error {
         line: u64,
         message: String,
     },
+    #[error("index {path} is damaged: {message} (the judge rebuilds it from the journal when it starts)")]
+    Index { path: PathBuf, message: String },
+    #[error("index {path}: {message}")]
+    IndexWrite { path: PathBuf, message: String },
     #[error("interrupted: the judge is stopping")]
     Interrupted,
 }

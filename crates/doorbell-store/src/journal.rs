@@ -7,11 +7,12 @@
 //! rebuilds the ledger without the inbox files. Only the judge (the lock holder) appends;
 //! anyone may read. A torn last record is ignored by readers and cut off by the next judge.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use doorbell_core::debts::Due;
@@ -21,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fault::Guarded;
 use crate::hash::Marker;
+use crate::index::{Changes, Index, IndexArchive, MessageRow, OtherRow};
 use crate::reader::{Line, LineReader};
 use crate::{Bridge, Error, Result};
 
@@ -142,9 +144,9 @@ impl Record {
     }
 }
 
-/// What the journal knows of one inbox: its current generation, how far it is judged, and
-/// which lines in it were not accepted. Accepted lines are the rule, so only the exceptions
-/// are kept: memory grows with refusals, not with traffic.
+/// What the journal knows of one inbox: its current generation, which file it is and how far
+/// it is judged. Which lines were not accepted is in the index (and, for the journal's
+/// unsaved tail, in the snapshot), never here: this stays a few hundred bytes.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct InboxJournal {
     pub gen: u32,
@@ -157,18 +159,13 @@ pub struct InboxJournal {
     /// Lines past `judged_to` that already have a verdict (judged out of order): offset to
     /// span.
     pub judged_beyond: BTreeMap<u64, u64>,
-    /// Lines of this generation that were refused or duplicates, by offset.
-    pub not_accepted: BTreeMap<u64, Word>,
     /// When the judge last accepted a line here (milliseconds since the epoch).
     #[serde(default)]
     pub last_accepted_at: i64,
 }
 
 impl InboxJournal {
-    fn add(&mut self, offset: u64, span: u64, verdict: Word) {
-        if verdict != Word::Accepted {
-            self.not_accepted.insert(offset, verdict);
-        }
+    fn add(&mut self, offset: u64, span: u64) {
         if offset == self.judged_to {
             self.judged_to += span;
             while let Some(span) = self.judged_beyond.remove(&self.judged_to) {
@@ -215,16 +212,10 @@ impl InboxJournal {
                 if verdict == Word::Accepted {
                     self.last_accepted_at = record.seen_at;
                 }
-                self.add(record.offset, record.span, verdict);
+                self.add(record.offset, record.span);
                 true
             }
         }
-    }
-
-    /// Whether the judge accepted the line at `offset` (which it has judged).
-    #[must_use]
-    pub fn is_accepted(&self, offset: u64) -> bool {
-        offset < self.judged_to && !self.not_accepted.contains_key(&offset)
     }
 }
 
@@ -235,24 +226,149 @@ pub struct Intent {
     pub line: String,
 }
 
-/// Everything the journal says: the ledger, each inbox's verdicts, and the judge's own
-/// side effects. The checkpoint is this, saved.
-#[derive(Debug, Default, Serialize, Deserialize)]
+/// Everything the journal says, as memory holds it: the ledger's working set, each inbox's
+/// position, the judge's pending side effects, and what changed since the index was last
+/// saved. The rest of the history is in the index.
+#[derive(Debug, Default)]
 pub struct Snapshot {
     pub ledger: Ledger,
     pub inboxes: BTreeMap<String, InboxJournal>,
     pub refused: BTreeMap<RefusalReason, u64>,
-    /// Ids of every line the judge wrote or means to write.
-    pub own_ids: BTreeSet<String>,
+    /// Ids of lines the judge wrote or means to write since the last save, with the change
+    /// set that added them; older ones are in the index.
+    own_ids: HashMap<String, u64>,
     /// Intents whose line has not been seen in its inbox yet, by id.
     pub intents: BTreeMap<String, Intent>,
     /// Refusals whose sender has not been told yet, by `inbox/gen/offset`.
     pub untold: BTreeMap<String, RefusedLine>,
     /// Where the last complete record ends.
     pub journal_len: u64,
+    index: Option<Arc<Index>>,
+    pending: Pending,
+}
+
+/// What changed since the last save, for the next one.
+#[derive(Debug, Default)]
+struct Pending {
+    messages: Vec<MessageRow>,
+    others: Vec<OtherRow>,
+    own: Vec<String>,
+    inboxes: BTreeSet<String>,
+    intents: bool,
+    untold: bool,
+    refused: bool,
 }
 
 impl Snapshot {
+    /// The state saved in `index` (nothing when there is none), to replay the journal onto.
+    pub fn from_index(index: Option<Arc<Index>>) -> Result<Snapshot> {
+        let Some(index) = index else {
+            return Ok(Snapshot::default());
+        };
+        let open = index.open_state()?;
+        Ok(Snapshot {
+            ledger: Ledger::with_archive(Box::new(IndexArchive(Arc::clone(&index)))),
+            inboxes: open.inboxes,
+            refused: open.refused,
+            intents: open.intents,
+            untold: open.untold,
+            journal_len: open.journal_len,
+            index: Some(index),
+            ..Snapshot::default()
+        })
+    }
+
+    /// The index behind this snapshot, if any.
+    #[must_use]
+    pub fn index(&self) -> Option<&Arc<Index>> {
+        self.index.as_ref()
+    }
+
+    /// Bring every open request into memory (the judge needs them all to ring).
+    pub fn load_open_requests(&mut self) -> Result<()> {
+        if let Some(index) = &self.index {
+            let open = index.open_requests()?;
+            self.ledger.load(open);
+        }
+        Ok(())
+    }
+
+    /// Whether the judge wrote, or means to write, a line with this id.
+    #[must_use]
+    pub fn is_own(&self, id: &str) -> bool {
+        if self.own_ids.contains_key(id) {
+            return true;
+        }
+        match &self.index {
+            Some(index) => index.is_own(id).unwrap_or_else(|error| {
+                tracing::error!(%error, "could not read the index");
+                false
+            }),
+            None => false,
+        }
+    }
+
+    /// The offsets of lines not accepted in the journal's tail that this snapshot replayed
+    /// (or judged) and has not saved, for `inbox`'s generation `gen`.
+    pub fn unsaved_others(&self, inbox: &str, gen: u32) -> impl Iterator<Item = &OtherRow> + '_ {
+        let inbox = inbox.to_owned();
+        self.pending
+            .others
+            .iter()
+            .filter(move |o| o.inbox == inbox && o.gen == gen)
+    }
+
+    /// How many judged lines wait for the next save.
+    #[must_use]
+    pub fn unsaved_lines(&self) -> usize {
+        self.pending.messages.len() + self.pending.others.len()
+    }
+
+    /// Lines not accepted in the unsaved tail, in every inbox.
+    pub fn unsaved_others_all(&self) -> impl Iterator<Item = &OtherRow> + '_ {
+        self.pending.others.iter()
+    }
+
+    /// Accepted messages of the unsaved tail.
+    pub fn unsaved_messages(&self) -> impl Iterator<Item = &MessageRow> + '_ {
+        self.pending.messages.iter()
+    }
+
+    /// Everything that changed since the last call, to be saved in the index. Memory keeps
+    /// what lookups need until [`Snapshot::saved`] says the index has it.
+    pub fn take_changes(&mut self) -> Changes {
+        let ledger = self.ledger.take_changes();
+        let pending = std::mem::take(&mut self.pending);
+        Changes {
+            seq: ledger.seq,
+            journal_len: self.journal_len,
+            messages: pending.messages,
+            others: pending.others,
+            own: pending.own,
+            requests: ledger.requests,
+            inboxes: pending
+                .inboxes
+                .into_iter()
+                .filter_map(|name| {
+                    let inbox = self.inboxes.get(&name)?.clone();
+                    Some((name, inbox))
+                })
+                .collect(),
+            intents: pending.intents.then(|| self.intents.clone()),
+            untold: pending.untold.then(|| self.untold.clone()),
+            refused: pending.refused.then(|| self.refused.clone()),
+        }
+    }
+
+    /// The index holds every change set up to `seq`: let go of what it holds.
+    pub fn saved(&mut self, seq: u64) {
+        if self.index.is_none() {
+            return;
+        }
+        self.ledger.saved(seq);
+        self.own_ids.retain(|_, touched| *touched > seq);
+    }
+
     /// Apply one record, in journal order.
     pub fn apply(&mut self, record: Record) {
         if record.verdict == Word::Intent {
@@ -266,7 +382,9 @@ impl Snapshot {
             }
             if let (Some(id), Some(line)) = (record.id, record.write) {
                 for key in &record.covers {
-                    self.untold.remove(key);
+                    if self.untold.remove(key).is_some() {
+                        self.pending.untold = true;
+                    }
                 }
                 if !self.ledger.is_claimed(&id) {
                     self.intents.insert(
@@ -276,8 +394,12 @@ impl Snapshot {
                             line,
                         },
                     );
+                    self.pending.intents = true;
                 }
-                self.own_ids.insert(id);
+                if !self.own_ids.contains_key(&id) {
+                    self.own_ids.insert(id.clone(), self.ledger.seq());
+                    self.pending.own.push(id);
+                }
             }
             return;
         }
@@ -285,17 +407,23 @@ impl Snapshot {
             Some(inbox) => inbox,
             None => self.inboxes.entry(record.inbox.clone()).or_default(),
         };
-        if !inbox.apply(&record) {
+        let verdict = inbox.apply(&record);
+        if !self.pending.inboxes.contains(&record.inbox) {
+            self.pending.inboxes.insert(record.inbox.clone());
+        }
+        if !verdict {
             return;
         }
+        let seen_at = DateTime::from_timestamp_millis(record.seen_at).unwrap_or_default();
         match record.verdict {
             Word::Accepted => {
+                if let Some(row) = MessageRow::from_record(&record) {
+                    self.pending.messages.push(row);
+                }
                 if let Some(line) = record.line {
-                    let seen_at =
-                        DateTime::from_timestamp_millis(record.seen_at).unwrap_or_default();
                     // The judge's own line has arrived: its intent is done.
-                    if !self.intents.is_empty() {
-                        self.intents.remove(&line.id);
+                    if !self.intents.is_empty() && self.intents.remove(&line.id).is_some() {
+                        self.pending.intents = true;
                     }
                     let request =
                         (line.kind == doorbell_core::Kind::Request).then(|| line.id.clone());
@@ -305,52 +433,84 @@ impl Snapshot {
                     }
                 }
             }
-            Word::Refused => {
-                let Some(reason) = record.reason.as_deref().and_then(RefusalReason::from_code)
-                else {
-                    return;
-                };
-                *self.refused.entry(reason).or_default() += 1;
-                if let (true, Some(from)) = (record.tell, record.from) {
+            Word::Refused | Word::Duplicate => {
+                let reason = record.reason.as_deref().and_then(RefusalReason::from_code);
+                if let Some(reason) = reason {
+                    *self.refused.entry(reason).or_default() += 1;
+                    self.pending.refused = true;
+                }
+                if let (true, Some(from), Some(reason)) = (record.tell, &record.from, reason) {
                     let key = refusal_key(&record.inbox, record.gen, record.offset);
                     self.untold.insert(
                         key,
                         RefusedLine {
-                            inbox: record.inbox,
+                            inbox: record.inbox.clone(),
                             gen: record.gen,
                             offset: record.offset,
-                            id: record.id,
-                            from,
+                            id: record.id.clone(),
+                            from: from.clone(),
                             reason,
-                            detail: record.detail.unwrap_or_default(),
+                            detail: record.detail.clone().unwrap_or_default(),
                         },
                     );
+                    self.pending.untold = true;
                 }
+                self.pending.others.push(OtherRow {
+                    inbox: record.inbox,
+                    gen: record.gen,
+                    offset: record.offset,
+                    span: record.span,
+                    duplicate: record.verdict == Word::Duplicate,
+                    seen_at: record.seen_at,
+                    id: record.id,
+                    from: record.from,
+                    reason: record.reason,
+                    detail: record.detail,
+                });
             }
-            Word::Duplicate | Word::Mark | Word::Intent => {}
+            Word::Mark | Word::Intent => {}
         }
     }
 
-    /// Read the bridge's journal. A missing journal is an empty snapshot.
+    /// What the bridge's journal says, for a reader that is not the judge: the index's last
+    /// save, read in one transaction, and the journal's tail past it. A reader never writes.
     pub fn load(bridge: &Bridge) -> Result<Snapshot> {
-        Snapshot::load_path(&journal_path(bridge))
+        let state = bridge.state_dir()?;
+        let index = match Index::open_read(&crate::index::index_path(&state)) {
+            Ok(index) => index.map(Arc::new),
+            Err(error) => {
+                // The judge rebuilds a damaged index; until then the journal says it all.
+                tracing::warn!(%error, "the index cannot be read; reading the whole journal");
+                None
+            }
+        };
+        if let Some(index) = &index {
+            index.begin_read()?;
+        }
+        let snapshot = Snapshot::from_index(index)?;
+        Snapshot::replay(snapshot, &journal_path(bridge))
     }
 
-    pub fn load_path(path: &Path) -> Result<Snapshot> {
-        let snapshot = crate::checkpoint::load(path)?;
-        Snapshot::replay(snapshot, path)
+    /// Whether a lookup of the index failed since it was opened (see
+    /// `Index::failed_lookup`).
+    #[must_use]
+    pub fn failed_lookup(&self) -> Option<Error> {
+        self.index.as_ref()?.failed_lookup()
     }
 
     /// Apply the journal's records past `snapshot.journal_len`.
     pub fn replay(snapshot: Snapshot, path: &Path) -> Result<Snapshot> {
-        Snapshot::replay_with(snapshot, path, &mut |_| {})
+        Snapshot::replay_with(snapshot, path, &mut |_| {}, &mut |_| Ok(()))
     }
 
-    /// Apply the journal's records past `snapshot.journal_len`, showing each to `seen` first.
+    /// Apply the journal's records past `snapshot.journal_len`, showing each to `seen` first;
+    /// `between` may save (and so shrink) the snapshot between records, which it does only
+    /// when memory has grown.
     pub fn replay_with(
         mut snapshot: Snapshot,
         path: &Path,
         seen: &mut dyn FnMut(&Record),
+        between: &mut dyn FnMut(&mut Snapshot) -> Result<()>,
     ) -> Result<Snapshot> {
         let file = match File::open(path) {
             Ok(file) => file,
@@ -361,19 +521,27 @@ impl Snapshot {
         let mut number = 0u64;
         let end = LineReader::new(1 << 26).read(&file, start, |line| {
             number += 1;
-            let Line::Complete { bytes, .. } = line else {
+            let Line::Complete { bytes, offset } = line else {
                 return Err(corrupt(path, number, "record too long".into()));
             };
             let record: Record =
                 serde_json::from_slice(bytes).map_err(|e| corrupt(path, number, e.to_string()))?;
             seen(&record);
             snapshot.apply(record);
+            snapshot.journal_len = offset + bytes.len() as u64 + 1;
+            if snapshot.unsaved_lines() >= REPLAY_BATCH {
+                between(&mut snapshot)?;
+            }
             Ok(())
         })?;
         snapshot.journal_len = end;
         Ok(snapshot)
     }
 }
+
+/// A judge replaying a long journal (a rebuild) saves every this many lines, so memory holds
+/// a batch, never the history.
+pub(crate) const REPLAY_BATCH: usize = 50_000;
 
 fn corrupt(path: &Path, line: u64, message: String) -> Error {
     Error::CorruptJournal {

@@ -29,6 +29,7 @@ use doorbell_core::{
 
 use crate::append::{append_line, open_inbox};
 use crate::hash::Marker;
+use crate::index::{Changes, Index, IndexWriter};
 use crate::journal::{
     journal_path, JournalFollower, JournalWriter, Record, RingRef, Snapshot, Word,
 };
@@ -90,24 +91,33 @@ impl CatchUp {
     }
 }
 
-/// A checkpoint ready to be saved: the journal and the refused log are synced first, so the
-/// checkpoint never covers more than is durable.
+/// A checkpoint ready to be saved: what changed since the last one. The journal and the
+/// refused log are synced first, so the index never covers more than is durable.
 #[derive(Debug)]
 pub struct PendingCheckpoint {
     /// The files to sync first, with their paths.
     durable_first: [(File, PathBuf); 2],
-    journal_path: PathBuf,
-    bytes: Vec<u8>,
+    changes: Changes,
+    index_path: PathBuf,
 }
 
 impl PendingCheckpoint {
-    pub fn save(self) -> Result<()> {
+    /// The index it is saved into.
+    #[must_use]
+    pub fn index_path(&self) -> &std::path::Path {
+        &self.index_path
+    }
+
+    /// Sync, then write the changes into the index. Returns the change set saved, for
+    /// [`Judge::saved`].
+    pub fn save(self, index: &mut IndexWriter) -> Result<u64> {
         for (file, path) in &self.durable_first {
             crate::fault::check(path)
                 .and_then(|()| file.sync_data())
                 .map_err(Error::io("sync", path))?;
         }
-        crate::checkpoint::write(&self.journal_path, &self.bytes)
+        index.save(&self.changes)?;
+        Ok(self.changes.seq)
     }
 }
 
@@ -138,6 +148,11 @@ pub struct Judge {
     snapshot: Snapshot,
     journal: JournalWriter,
     refused_log: RefusedLog,
+    index: IndexWriter,
+    /// The journal length the index covers once the last checkpoint handed over is saved.
+    saved_len: u64,
+    /// Saves checkpoints on another thread, for a long-running judge.
+    saver: Option<crate::checkpoint::Saver>,
     limits: Limits,
     registry: Registry,
     /// Inboxes that exist as files: the stations a notice can reach.
@@ -157,7 +172,12 @@ impl Judge {
     /// Become the judge: load the checkpoint, replay the journal's tail, open it for appending.
     pub fn open(bridge: Bridge, lock: BridgeLock) -> Result<Judge> {
         let journal_path = journal_path(&bridge);
-        let (snapshot, journal, refused_log) = load(&bridge, &journal_path)?;
+        let Loaded {
+            snapshot,
+            journal,
+            refused_log,
+            index,
+        } = load(&bridge, &journal_path)?;
         let limits = Limits {
             max_line_bytes: bridge.max_line_bytes(),
         };
@@ -168,9 +188,12 @@ impl Judge {
             bridge,
             _lock: lock,
             journal_path,
+            saved_len: snapshot.journal_len,
+            saver: None,
             snapshot,
             journal,
             refused_log,
+            index,
             limits,
             files: HashMap::new(),
             uses: 0,
@@ -185,13 +208,21 @@ impl Judge {
     /// journal never got. Lines not journaled are judged again at the next sweep; the notices
     /// this process wrote stay known, so none is written twice.
     pub fn reload(&mut self) -> Result<()> {
-        // What was buffered describes the state being thrown away: never write it.
+        // What was buffered describes the state being thrown away: never write it. A save in
+        // flight finishes first (its outcome no longer matters: the index is read again).
+        if let Some(saver) = &mut self.saver {
+            let _ = saver.settle();
+            // Its connection may be to an index that is rebuilt now.
+            *saver = crate::checkpoint::Saver::start();
+        }
         self.journal.abandon();
         self.refused_log.abandon();
-        let (snapshot, journal, refused_log) = load(&self.bridge, &self.journal_path)?;
-        self.snapshot = snapshot;
-        self.journal = journal;
-        self.refused_log = refused_log;
+        let loaded = load(&self.bridge, &self.journal_path)?;
+        self.saved_len = loaded.snapshot.journal_len;
+        self.snapshot = loaded.snapshot;
+        self.journal = loaded.journal;
+        self.refused_log = loaded.refused_log;
+        self.index = loaded.index;
         // The open files stay: an old one not yet drained is compared with the reloaded
         // journal and drained from where it says.
         self.holds = 0;
@@ -448,7 +479,7 @@ impl Judge {
                 .ledger
                 .request(&id)
                 .expect("listed just now")
-                .clone();
+                .into_owned();
             let (notice, ring) = match due {
                 Due::Ring(n) => (ring_note(&request, n, max_rings, now), n),
                 Due::Escalate => (escalation_note(&request, &human, now), 0),
@@ -475,7 +506,7 @@ impl Judge {
         }
         for (date, path) in crate::reports::daily_reports(&self.bridge)? {
             let id = crate::reports::note_id(&date);
-            if self.snapshot.own_ids.contains(&id) {
+            if self.snapshot.is_own(&id) {
                 continue;
             }
             let summary = crate::reports::summary_of(&path).unwrap_or_default();
@@ -489,18 +520,76 @@ impl Judge {
         Ok(())
     }
 
-    /// Make everything judged so far durable and save a checkpoint of it.
-    pub fn checkpoint(&mut self) -> Result<()> {
-        self.prepare_checkpoint()?.save()
+    /// Save checkpoints on a thread of their own from now on ([`Judge::checkpoint_in_background`]).
+    pub fn save_in_background(&mut self) {
+        self.saver
+            .get_or_insert_with(crate::checkpoint::Saver::start);
     }
 
-    /// A checkpoint of everything judged so far, encoded, with what must be synced before it
-    /// is saved: the slow half ([`PendingCheckpoint::save`]: fsyncs and the write) can run on
-    /// another thread while this one judges on.
+    /// Hand a checkpoint to the saving thread unless one is still being saved (false then).
+    /// A save that failed is this call's error: memory no longer matches the index, and the
+    /// judge must [`Judge::reload`] (the journal has everything the index missed).
+    pub fn checkpoint_in_background(&mut self) -> Result<bool> {
+        let Some(saver) = &mut self.saver else {
+            self.checkpoint()?;
+            return Ok(true);
+        };
+        if let Some(result) = saver.poll() {
+            self.snapshot.saved(result?);
+        }
+        if self
+            .saver
+            .as_ref()
+            .is_some_and(crate::checkpoint::Saver::is_busy)
+        {
+            return Ok(false);
+        }
+        let pending = self.prepare_checkpoint()?;
+        if let Some(saver) = &mut self.saver {
+            saver.hand_over(pending);
+        }
+        Ok(true)
+    }
+
+    /// Wait for the checkpoint the saving thread has in flight, if any.
+    pub fn settle(&mut self) -> Result<()> {
+        if let Some(result) = self
+            .saver
+            .as_mut()
+            .and_then(crate::checkpoint::Saver::settle)
+        {
+            self.snapshot.saved(result?);
+        }
+        Ok(())
+    }
+
+    /// Make everything judged so far durable and save what changed into the index.
+    pub fn checkpoint(&mut self) -> Result<()> {
+        // Saves happen in order: an older change set never lands after a newer one.
+        self.settle()?;
+        let pending = self.prepare_checkpoint()?;
+        let seq = pending.save(&mut self.index)?;
+        self.saved(seq);
+        Ok(())
+    }
+
+    /// Save a checkpoint when anything was journaled since the last one: a command that
+    /// judged nothing writes nothing.
+    pub fn checkpoint_if_changed(&mut self) -> Result<()> {
+        if self.journal.len() != self.saved_len {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+
+    /// What changed since the last checkpoint, with what must be synced before it is saved:
+    /// the slow half ([`PendingCheckpoint::save`]: fsyncs and the index's transaction) can
+    /// run on another thread while this one judges on.
     pub fn prepare_checkpoint(&mut self) -> Result<PendingCheckpoint> {
         self.journal.flush()?;
         self.refused_log.flush()?;
         self.snapshot.journal_len = self.journal.len();
+        self.saved_len = self.journal.len();
         let refused_path = self
             .journal_path
             .with_file_name(crate::refused::REFUSED_FILE);
@@ -509,18 +598,24 @@ impl Judge {
                 (self.journal.file()?, self.journal_path.clone()),
                 (self.refused_log.file()?, refused_path),
             ],
-            journal_path: self.journal_path.clone(),
-            bytes: crate::checkpoint::encode(&self.snapshot),
+            changes: self.snapshot.take_changes(),
+            index_path: crate::index::index_path(
+                self.journal_path
+                    .parent()
+                    .unwrap_or(std::path::Path::new(".")),
+            ),
         })
     }
 
-    /// Save a checkpoint when the journal has grown by more than `bytes` since the last one,
-    /// so that the next reader replays little.
-    pub fn checkpoint_if_behind(&mut self, bytes: u64) -> Result<()> {
-        if self.journal.len().saturating_sub(self.snapshot.journal_len) > bytes {
-            self.checkpoint()?;
-        }
-        Ok(())
+    /// The index holds change set `seq`: memory lets go of what it holds.
+    pub fn saved(&mut self, seq: u64) {
+        self.snapshot.saved(seq);
+    }
+
+    /// How far the journal has grown since the last checkpoint.
+    #[must_use]
+    pub fn unsaved_bytes(&self) -> u64 {
+        self.journal.len().saturating_sub(self.saved_len)
     }
 
     /// The journal's length: what a checkpoint would cover.
@@ -840,11 +935,11 @@ impl Judge {
         // line it means to write, in the inbox it means. Anyone can predict a reserved id; a
         // copy elsewhere or with other words must not pass for the bridge's line, close the
         // intent and stop the real one.
-        let own_ids = &self.snapshot.own_ids;
+        let snapshot = &self.snapshot;
         let intents = &self.snapshot.intents;
         let own = |id: &str| match intents.get(id) {
             Some(intent) => intent.inbox == name && intent.line.as_bytes() == bytes,
-            None => own_ids.contains(id),
+            None => snapshot.is_own(id),
         };
         let (verdict, envelope) = judge_line(
             bytes,
@@ -960,32 +1055,114 @@ impl Judge {
             record.from = from;
         }
         record.line = accepted;
+        // A verdict that rests on a lookup the index failed to answer is never journaled:
+        // the judge stops, the index is rebuilt, and the line judged again.
+        if let Some(error) = self.snapshot.failed_lookup() {
+            tracing::error!(%error, "the index failed a lookup: it is rebuilt from the journal before judging goes on");
+            if let Some(saver) = &mut self.saver {
+                let _ = saver.settle();
+            }
+            crate::checkpoint::discard(&crate::index::index_path(
+                self.bridge.state_dir()?.as_path(),
+            ))?;
+            return Err(error);
+        }
         self.journal.append(&record)?;
         self.refused_log.log(&record);
         self.snapshot.apply(record);
+        // A long catch-up saves as it goes: memory holds a batch, never the whole backlog.
+        if self.snapshot.unsaved_lines() >= crate::journal::REPLAY_BATCH {
+            self.checkpoint()?;
+        }
         Ok(())
     }
 }
 
-/// The judge's state as the disk has it: the checkpoint, the journal's tail replayed onto
-/// it, the journal opened for appending (a torn last record cut off) and the refused log
+/// The judge's state as the disk has it.
+struct Loaded {
+    snapshot: Snapshot,
+    journal: JournalWriter,
+    refused_log: RefusedLog,
+    index: IndexWriter,
+}
+
+/// The judge's state as the disk has it: the index's last save, the journal's tail replayed
+/// onto it (the whole journal for a new or rebuilt index, saved as it goes so memory holds a
+/// batch), the journal opened for appending (a torn last record cut off) and the refused log
 /// (with what it missed of the tail written now).
-fn load(
+fn load(bridge: &Bridge, journal_path: &std::path::Path) -> Result<Loaded> {
+    match load_from_index(bridge, journal_path, false) {
+        Err(Error::Index { path, message }) => {
+            tracing::error!(path = %path.display(), %message, "the index cannot be used: rebuilding it from the journal (no line is judged again)");
+            crate::checkpoint::discard(&path)?;
+            load_from_index(bridge, journal_path, true)
+        }
+        other => other,
+    }
+}
+
+fn load_from_index(
     bridge: &Bridge,
     journal_path: &std::path::Path,
-) -> Result<(Snapshot, JournalWriter, RefusedLog)> {
+    rebuilding: bool,
+) -> Result<Loaded> {
     let state = bridge.state_dir()?;
-    let snapshot = crate::checkpoint::load(journal_path)?;
+    let index_path = crate::index::index_path(&state);
+    let (mut writer, fresh) = crate::checkpoint::open_index(&index_path)?;
+    let journal_size = std::fs::metadata(journal_path).map_or(0, |m| m.len());
+    let mut snapshot = open_snapshot(&index_path)?;
+    if snapshot.journal_len > journal_size {
+        return Err(Error::Index {
+            path: index_path,
+            message: format!(
+                "it is ahead of the journal: it covers {} bytes, the journal has {journal_size}",
+                snapshot.journal_len
+            ),
+        });
+    }
     let tail_from = snapshot.journal_len;
-    // Only refusals journaled after the checkpoint can be missing from the refused log (a
+    if fresh && journal_size > 0 && !rebuilding {
+        if crate::checkpoint::OLD_FILES
+            .iter()
+            .any(|name| state.join(name).exists())
+        {
+            tracing::info!(journal = %journal_path.display(), bytes = journal_size, "migrating: building the index from the journal");
+        } else {
+            tracing::warn!(path = %index_path.display(), journal = journal_size, "the index is missing: rebuilding it from the journal (no line is judged again)");
+        }
+    }
+    if fresh && journal_size > 0 {
+        // The index saved during the replay must never cover what is not durable.
+        File::open(journal_path)
+            .and_then(|f| f.sync_data())
+            .map_err(Error::io("sync journal", journal_path))?;
+    }
+    // Only refusals journaled after the last save can be missing from the refused log (a
     // crash between the two writes), so only their keys are looked for in it: memory
     // follows the journal's unsaved tail, never every refusal there ever was.
     let mut tail = HashSet::new();
-    let snapshot = Snapshot::replay_with(snapshot, journal_path, &mut |record| {
-        if record.verdict == Word::Refused {
-            tail.insert(refusal_key(&record.inbox, record.gen, record.offset));
-        }
-    })?;
+    snapshot = Snapshot::replay_with(
+        snapshot,
+        journal_path,
+        &mut |record| {
+            if record.verdict == Word::Refused {
+                tail.insert(refusal_key(&record.inbox, record.gen, record.offset));
+            }
+        },
+        &mut |snapshot| {
+            let changes = snapshot.take_changes();
+            writer.save(&changes)?;
+            snapshot.saved(changes.seq);
+            Ok(())
+        },
+    )?;
+    if fresh {
+        let changes = snapshot.take_changes();
+        writer.save(&changes)?;
+        snapshot.saved(changes.seq);
+        crate::checkpoint::retire_old(&state);
+    }
+    snapshot.load_open_requests()?;
     let mut refused_log = RefusedLog::open(&state, &tail)?;
     if !tail.is_empty() {
         drop(tail);
@@ -994,7 +1171,20 @@ fn load(
     }
     refused_log.flush()?;
     let journal = JournalWriter::open(journal_path, snapshot.journal_len)?;
-    Ok((snapshot, journal, refused_log))
+    Ok(Loaded {
+        snapshot,
+        journal,
+        refused_log,
+        index: writer,
+    })
+}
+
+fn open_snapshot(index_path: &std::path::Path) -> Result<Snapshot> {
+    let index = Index::open_read(index_path)?.ok_or_else(|| Error::Index {
+        path: index_path.to_path_buf(),
+        message: "missing".into(),
+    })?;
+    Snapshot::from_index(Some(std::sync::Arc::new(index)))
 }
 
 /// The id and sender a line claims, read as leniently as possible, for telling the sender

@@ -17,6 +17,7 @@ pub mod fault;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod hash;
+pub mod index;
 pub mod journal;
 mod journal_json;
 pub mod judge;
@@ -24,9 +25,11 @@ pub mod lock;
 pub mod reader;
 pub mod refused;
 pub mod reports;
+pub mod view;
 
 pub use bridge::Bridge;
 pub use config::Config;
 pub use error::{Error, Result};
 pub use judge::{CatchUp, Judge};
 pub use lock::BridgeLock;
+pub use view::View;

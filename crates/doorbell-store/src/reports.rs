@@ -8,14 +8,9 @@ use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
 
-use std::collections::BTreeMap;
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use doorbell_core::report::Activity;
-use doorbell_core::{judge_stateless, Limits, MessageSummary};
-
-use crate::append::open_inbox;
-use crate::journal::{journal_path, Snapshot};
 use crate::{Bridge, Error, Result};
 
 pub const REPORTS_DIR: &str = "reports";
@@ -107,114 +102,18 @@ pub fn note_line(
     .line(now)
 }
 
-/// What happened in the window, from the journal.
-pub fn activity(bridge: &Bridge, since: DateTime<Utc>) -> Result<Activity> {
-    /// The few fields a report counts, borrowed from the record: the scan of a long journal
-    /// builds nothing it does not need.
-    #[derive(serde::Deserialize)]
-    struct Counted<'a> {
-        t: i64,
-        #[serde(borrow)]
-        v: &'a str,
-        #[serde(borrow)]
-        a: Option<CountedLine<'a>>,
-        #[serde(borrow)]
-        reason: Option<std::borrow::Cow<'a, str>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct CountedLine<'a> {
-        #[serde(borrow)]
-        f: std::borrow::Cow<'a, str>,
-        k: doorbell_core::Kind,
-    }
-    let since = since.timestamp_millis();
-    let path = journal_path(bridge);
-    let mut activity = Activity::default();
-    let file = match std::fs::File::open(&path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(activity),
-        Err(e) => return Err(Error::io("open journal", &path)(e)),
-    };
-    crate::reader::LineReader::new(1 << 26).read(&file, 0, |line| -> Result<()> {
-        let crate::reader::Line::Complete { bytes, .. } = line else {
-            return Ok(());
-        };
-        let record: Counted<'_> =
-            serde_json::from_slice(bytes).map_err(|e| Error::CorruptJournal {
-                path: path.clone(),
-                line: 0,
-                message: e.to_string(),
-            })?;
-        if record.t < since {
-            return Ok(());
-        }
-        match (record.v, record.a) {
-            ("a", Some(line)) => {
-                let kinds = match activity.sent.get_mut(line.f.as_ref()) {
-                    Some(kinds) => kinds,
-                    None => activity.sent.entry(line.f.into_owned()).or_default(),
-                };
-                *kinds.entry(line.k).or_default() += 1;
-            }
-            ("r", _) => {
-                *activity
-                    .refused
-                    .entry(record.reason.unwrap_or_default().into_owned())
-                    .or_default() += 1;
-            }
-            _ => {}
-        }
-        Ok(())
-    })?;
-    Ok(activity)
-}
-
-/// The first line of text of each open request, read from its inbox.
-pub fn texts(
-    bridge: &Bridge,
-    snapshot: &Snapshot,
-    wanted: &dyn Fn(&doorbell_core::Request) -> bool,
-) -> BTreeMap<String, String> {
-    let limits = Limits {
-        max_line_bytes: usize::MAX,
-    };
-    let mut texts = BTreeMap::new();
-    let mut files = BTreeMap::new();
+/// The line at `offset` of `file` (without its `\n`), reading a little first and the whole
+/// allowed length only when the line goes on.
+#[must_use]
+pub fn line_from(file: &File, offset: u64, max_line_bytes: usize) -> Option<Vec<u8>> {
     let mut buf = Vec::new();
-    for request in snapshot.ledger.requests().filter(|r| wanted(r)) {
-        let Some((gen, offset)) = request.location else {
-            continue;
-        };
-        // A request from an inbox generation that was since replaced has no text to show.
-        if snapshot
-            .inboxes
-            .get(&request.addressee)
-            .is_none_or(|j| j.gen != gen)
-        {
-            continue;
-        }
-        let file = files.entry(request.addressee.clone()).or_insert_with(|| {
-            bridge
-                .inbox_path(&request.addressee)
-                .ok()
-                .and_then(|p| open_inbox(&p, false).ok())
-        });
-        let Some(file) = file else { continue };
-        // Most lines are short: read a little, and the whole allowed length only when the
-        // line goes on.
-        for size in [8 * 1024, bridge.max_line_bytes() + 2] {
-            buf.resize(size, 0);
-            let Ok(n) = file.read_at(&mut buf, offset) else {
-                break;
-            };
-            let Some(end) = memchr::memchr(b'\n', &buf[..n]) else {
-                continue;
-            };
-            if let Ok(envelope) = judge_stateless(&buf[..end], None, &limits) {
-                texts.insert(request.id.clone(), envelope.message.first_line());
-            }
-            break;
+    for size in [8 * 1024, max_line_bytes + 2] {
+        buf.resize(size, 0);
+        let n = file.read_at(&mut buf, offset).ok()?;
+        if let Some(end) = memchr::memchr(b'\n', &buf[..n]) {
+            buf.truncate(end);
+            return Some(buf);
         }
     }
-    texts
+    None
 }

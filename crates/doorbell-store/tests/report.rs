@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 use chrono::{DateTime, Duration, Utc};
 use doorbell_core::report::{build, Inputs, Report};
 use doorbell_core::Kind;
-use doorbell_store::{reports, Config};
+use doorbell_store::{Config, View};
 use expect_test::expect_file;
 use traffic::{Book, Expect, Judged, Month, HUMAN, NOTES, REQUESTS, SEED};
 
@@ -73,10 +73,15 @@ fn fixture() -> &'static Fixture {
 /// The report as `doorbell report` builds it (crates/cli/report.rs), at `now`.
 fn report(judged: &Judged, since: DateTime<Utc>, now: DateTime<Utc>) -> Report {
     let config = &judged.bridge.config;
+    let mut view = View::unjudged(&judged.bridge).expect("the bridge opens");
+    let requests = view.report_requests(since).expect("the requests");
+    let requests: Vec<&doorbell_core::Request> = requests.iter().collect();
+    let open: Vec<&doorbell_core::Request> =
+        requests.iter().copied().filter(|r| r.is_open()).collect();
     let inputs = Inputs {
-        requests: judged.snapshot.ledger.requests().collect(),
-        activity: reports::activity(&judged.bridge, since).expect("activity"),
-        texts: reports::texts(&judged.bridge, &judged.snapshot, &|r| r.is_open()),
+        texts: view.texts(&open),
+        activity: view.activity(since).expect("activity"),
+        requests,
         since,
         now,
         stalled_after: config.debts.stalled_after,
@@ -381,7 +386,8 @@ fn check(report: &Report, expected: &Expected, since: DateTime<Utc>, now: DateTi
     // The judge's own loops are not agents: the report leaves them out, but the journal
     // holds exactly the rings, escalations and notices the model predicts.
     let mut agents = expected.per_agent.clone();
-    let loops: BTreeMap<String, [u64; 3]> = reports::activity(&fixture().judged.bridge, since)
+    let loops: BTreeMap<String, [u64; 3]> = View::unjudged(&fixture().judged.bridge)
+        .and_then(|view| view.activity(since))
         .expect("activity")
         .sent
         .iter()
@@ -469,7 +475,15 @@ fn the_month_has_the_seed_factory_mix() {
     }
     // The month was judged in order: the ledger holds every request, the doorbell rang.
     let judged = &fixture().judged;
-    assert_eq!(judged.snapshot.ledger.requests().count(), REQUESTS);
+    let view = View::unjudged(&judged.bridge).expect("the bridge opens");
+    assert_eq!(month.requests.len(), REQUESTS);
+    for book in &month.requests {
+        assert!(
+            view.request(&book.id).is_some(),
+            "{} is in the index",
+            book.id
+        );
+    }
     assert!(judged.passes > 100, "{} doorbell passes", judged.passes);
 }
 

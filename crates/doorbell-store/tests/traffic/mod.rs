@@ -17,7 +17,6 @@ use std::path::Path;
 
 use chrono::{DateTime, Duration, FixedOffset, SecondsFormat, TimeZone, Utc};
 use doorbell_store::append::append_line;
-use doorbell_store::journal::Snapshot;
 use doorbell_store::{Bridge, BridgeLock, CatchUp, Config, Judge};
 use serde_json::{json, Map, Value};
 
@@ -726,7 +725,6 @@ impl Month {
         let mut judge = Judge::open(bridge.clone(), lock).expect("the judge");
         let mut judged = Judged {
             bridge,
-            snapshot: Snapshot::default(),
             passes: 0,
             notices: 0,
         };
@@ -751,15 +749,13 @@ impl Month {
         }
         judged.ring_until(&mut judge, self.end);
         judge.checkpoint().expect("checkpoint");
-        judged.snapshot = judge.into_snapshot();
         judged
     }
 }
 
-/// A judged month: the bridge folder and what the judge knows of it.
+/// A judged month: the bridge folder (its index holds what the judge knows).
 pub struct Judged {
     pub bridge: Bridge,
-    pub snapshot: Snapshot,
     /// Passes of the doorbell (emit) made.
     pub passes: u64,
     /// Lines the judge wrote: rings, escalations and refusal notices.

@@ -1,0 +1,818 @@
+//! `.doorbell/index.db`: what is looked up by key, on disk, so that memory holds only the
+//! open state. Every accepted message by id (where it is, its thread, its fingerprint), every
+//! line that was not accepted by position, every request, the judge's own ids, and the open
+//! state a restart needs (each inbox's position, pending intents, untold refusals, refusal
+//! counts), with the journal length it covers.
+//!
+//! The index is the checkpoint: the judge saves into it what changed since the last save, in
+//! one `SQLite` transaction, after the journal it covers is synced. It is never ahead of the
+//! journal, and it is never the truth: a missing or damaged index is rebuilt by replaying the
+//! journal (nothing is judged again). Only the lock holder writes; anyone may read, and a
+//! reader sees one consistent save.
+//!
+//! `SQLite` (WAL, `synchronous = NORMAL`): a save writes the pages it changes, not the whole
+//! state; a reader opens it in well under a millisecond.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use doorbell_core::notice::RefusedLine;
+use doorbell_core::{Archive, Kind, RefusalReason, Request, State};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+
+use crate::journal::{InboxJournal, Intent};
+use crate::{Error, Result};
+
+pub const INDEX_FILE: &str = "index.db";
+
+/// Messages sent, by sender and kind.
+pub type Sent = HashMap<(String, Kind), u64>;
+/// Bumped whenever the tables change: an index of another version is rebuilt.
+const VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS messages(
+    id TEXT PRIMARY KEY,
+    inbox TEXT NOT NULL,
+    gen INTEGER NOT NULL,
+    offset INTEGER NOT NULL,
+    span INTEGER NOT NULL,
+    seen_at INTEGER NOT NULL,
+    sender TEXT NOT NULL,
+    kind INTEGER NOT NULL,
+    correlates_to TEXT,
+    context_id TEXT NOT NULL,
+    state TEXT,
+    fingerprint INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS messages_by_thread ON messages(context_id);
+CREATE INDEX IF NOT EXISTS messages_by_time ON messages(seen_at);
+CREATE TABLE IF NOT EXISTS others(
+    inbox TEXT NOT NULL,
+    gen INTEGER NOT NULL,
+    offset INTEGER NOT NULL,
+    span INTEGER NOT NULL,
+    verdict TEXT NOT NULL,
+    seen_at INTEGER NOT NULL,
+    id TEXT,
+    sender TEXT,
+    reason TEXT,
+    detail TEXT,
+    PRIMARY KEY(inbox, gen, offset)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS others_by_id ON others(id) WHERE id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS others_by_time ON others(seen_at);
+CREATE TABLE IF NOT EXISTS requests(
+    id TEXT PRIMARY KEY,
+    open INTEGER NOT NULL,
+    closed_at INTEGER,
+    data TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS requests_open ON requests(open) WHERE open;
+CREATE INDEX IF NOT EXISTS requests_closed ON requests(closed_at) WHERE closed_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS own(id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS inboxes(name TEXT PRIMARY KEY, data TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS intents(id TEXT PRIMARY KEY, inbox TEXT NOT NULL, line TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS untold(key TEXT PRIMARY KEY, data TEXT NOT NULL) WITHOUT ROWID;
+";
+
+/// An accepted line, as the index keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageRow {
+    pub id: String,
+    pub inbox: String,
+    pub gen: u32,
+    pub offset: u64,
+    pub span: u64,
+    pub seen_at: i64,
+    pub from: String,
+    pub kind: Kind,
+    pub correlates_to: Option<String>,
+    pub context_id: String,
+    pub state: Option<State>,
+    pub fingerprint: u64,
+}
+
+/// A refused or duplicate line, as the index keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtherRow {
+    pub inbox: String,
+    pub gen: u32,
+    pub offset: u64,
+    pub span: u64,
+    /// `d` (duplicate) or `r` (refused).
+    pub duplicate: bool,
+    pub seen_at: i64,
+    pub id: Option<String>,
+    pub from: Option<String>,
+    pub reason: Option<String>,
+    pub detail: Option<String>,
+}
+
+/// What a save writes: everything that changed since the last one.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// The ledger's change set (see `Ledger::take_changes`).
+    pub seq: u64,
+    pub journal_len: u64,
+    pub messages: Vec<MessageRow>,
+    pub others: Vec<OtherRow>,
+    pub own: Vec<String>,
+    pub requests: Vec<Request>,
+    pub inboxes: Vec<(String, InboxJournal)>,
+    /// The whole (small) open state, when it changed since the last save.
+    pub intents: Option<BTreeMap<String, Intent>>,
+    pub untold: Option<BTreeMap<String, RefusedLine>>,
+    pub refused: Option<BTreeMap<RefusalReason, u64>>,
+}
+
+impl Changes {
+    /// About how many bytes the rows take: what the fault seam charges a save.
+    #[must_use]
+    pub fn approximate_bytes(&self) -> usize {
+        64 + self.messages.len() * 160
+            + self.others.len() * 160
+            + self.own.len() * 64
+            + self.requests.len() * 300
+            + self.inboxes.len() * 200
+    }
+}
+
+/// The open state a judge or a reader starts from.
+#[derive(Debug, Default)]
+pub struct OpenState {
+    pub journal_len: u64,
+    pub inboxes: BTreeMap<String, InboxJournal>,
+    pub intents: BTreeMap<String, Intent>,
+    pub untold: BTreeMap<String, RefusedLine>,
+    pub refused: BTreeMap<RefusalReason, u64>,
+}
+
+/// `SQLite`'s error as the store's: a damaged file is [`Error::Index`] (the judge rebuilds
+/// it); anything else (a full disk, a read-only file system, a busy lock) is a failed write
+/// like any other, [`Error::IndexWrite`].
+fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> Error + '_ {
+    move |e| {
+        if is_damage(&e) {
+            Error::Index {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            }
+        } else {
+            Error::IndexWrite {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            }
+        }
+    }
+}
+
+fn is_damage(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
+    match e {
+        rusqlite::Error::SqliteFailure(failure, _) => {
+            matches!(failure.code, DatabaseCorrupt | NotADatabase)
+        }
+        // A column of the wrong type or a table that is not there: not what doorbell wrote.
+        rusqlite::Error::InvalidColumnType(..)
+        | rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..) => true,
+        rusqlite::Error::SqlInputError { error, .. } => {
+            matches!(error.code, DatabaseCorrupt | NotADatabase)
+        }
+        _ => e.to_string().contains("no such table"),
+    }
+}
+
+fn kind_code(kind: Kind) -> i64 {
+    match kind {
+        Kind::Request => 0,
+        Kind::Response => 1,
+        Kind::Note => 2,
+    }
+}
+
+fn kind_of(code: i64) -> Kind {
+    match code {
+        0 => Kind::Request,
+        1 => Kind::Response,
+        _ => Kind::Note,
+    }
+}
+
+#[must_use]
+pub fn index_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(INDEX_FILE)
+}
+
+/// One connection to the index, shared by whoever reads through it on one thread (the
+/// ledger's archive and the queries of a view).
+#[derive(Debug)]
+pub struct Index {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+    /// Set when a lookup found the file damaged: the judge must not act on what it read.
+    damaged: std::sync::atomic::AtomicBool,
+}
+
+impl Index {
+    /// Open the index to read it; `None` when it does not exist yet.
+    pub fn open_read(path: &Path) -> Result<Option<Index>> {
+        match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io("stat index", path)(e)),
+            Ok(meta) if !meta.file_type().is_file() => {
+                return Err(Error::NotRegularFile {
+                    path: path.to_path_buf(),
+                })
+            }
+            Ok(_) => {}
+        }
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_NOFOLLOW,
+        )
+        .map_err(sql(path))?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(sql(path))?;
+        let index = Index {
+            conn: Mutex::new(conn),
+            path: path.to_path_buf(),
+            damaged: std::sync::atomic::AtomicBool::new(false),
+        };
+        index.check_version()?;
+        Ok(Some(index))
+    }
+
+    fn check_version(&self) -> Result<()> {
+        let version: Option<i64> = self
+            .conn()
+            .query_row("SELECT value FROM meta WHERE key = 'version'", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(sql(&self.path))?;
+        if version == Some(VERSION) {
+            Ok(())
+        } else {
+            Err(Error::Index {
+                path: self.path.clone(),
+                message: format!("version {version:?}, expected {VERSION}"),
+            })
+        }
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        self.conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether a lookup through the ledger's archive failed since the index was opened: what
+    /// the ledger decided since may rest on a wrong answer.
+    #[must_use]
+    pub fn failed_lookup(&self) -> Option<Error> {
+        self.damaged
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| Error::Index {
+                path: self.path.clone(),
+                message: "a lookup failed".into(),
+            })
+    }
+
+    fn lookup_failed(&self, error: &rusqlite::Error) {
+        // The ledger cannot fail; a read that fails reads as "not there", and the judge
+        // checks this flag before it journals anything decided since.
+        tracing::error!(path = %self.path.display(), %error, "could not read the index");
+        self.damaged
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Hold one read transaction until [`Index::end_read`], so that every query sees the
+    /// same save.
+    pub fn begin_read(&self) -> Result<()> {
+        self.conn()
+            .execute_batch("BEGIN DEFERRED")
+            .map_err(sql(&self.path))
+    }
+
+    pub fn end_read(&self) -> Result<()> {
+        let conn = self.conn();
+        if conn.is_autocommit() {
+            return Ok(());
+        }
+        conn.execute_batch("COMMIT").map_err(sql(&self.path))
+    }
+
+    /// The open state as of the last save.
+    pub fn open_state(&self) -> Result<OpenState> {
+        let conn = self.conn();
+        let e = sql(&self.path);
+        let mut state = OpenState::default();
+        let mut meta = conn
+            .prepare_cached("SELECT key, value FROM meta")
+            .map_err(&e)?;
+        let mut rows = meta.query([]).map_err(&e)?;
+        while let Some(row) = rows.next().map_err(&e)? {
+            let key: String = row.get(0).map_err(&e)?;
+            match key.as_str() {
+                "journal_len" => {
+                    state.journal_len =
+                        u64::try_from(row.get::<_, i64>(1).map_err(&e)?).unwrap_or_default();
+                }
+                "refused" => {
+                    let text: String = row.get(1).map_err(&e)?;
+                    state.refused = self.decode(&text)?;
+                }
+                _ => {}
+            }
+        }
+        drop(rows);
+        drop(meta);
+        let mut inboxes = conn
+            .prepare_cached("SELECT name, data FROM inboxes")
+            .map_err(&e)?;
+        let mut rows = inboxes.query([]).map_err(&e)?;
+        while let Some(row) = rows.next().map_err(&e)? {
+            let name: String = row.get(0).map_err(&e)?;
+            let data: String = row.get(1).map_err(&e)?;
+            state.inboxes.insert(name, self.decode(&data)?);
+        }
+        drop(rows);
+        drop(inboxes);
+        let mut intents = conn
+            .prepare_cached("SELECT id, inbox, line FROM intents")
+            .map_err(&e)?;
+        let mut rows = intents.query([]).map_err(&e)?;
+        while let Some(row) = rows.next().map_err(&e)? {
+            state.intents.insert(
+                row.get(0).map_err(&e)?,
+                Intent {
+                    inbox: row.get(1).map_err(&e)?,
+                    line: row.get(2).map_err(&e)?,
+                },
+            );
+        }
+        drop(rows);
+        drop(intents);
+        let mut untold = conn
+            .prepare_cached("SELECT key, data FROM untold")
+            .map_err(&e)?;
+        let mut rows = untold.query([]).map_err(&e)?;
+        while let Some(row) = rows.next().map_err(&e)? {
+            let key: String = row.get(0).map_err(&e)?;
+            let data: String = row.get(1).map_err(&e)?;
+            state.untold.insert(key, self.decode(&data)?);
+        }
+        Ok(state)
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(&self, text: &str) -> Result<T> {
+        serde_json::from_str(text).map_err(|e| Error::Index {
+            path: self.path.clone(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Every open request as last saved.
+    pub fn open_requests(&self) -> Result<Vec<Request>> {
+        self.requests_where("SELECT data FROM requests WHERE open", [])
+    }
+
+    /// Requests closed at or after `since` (milliseconds).
+    pub fn closed_since(&self, since: i64) -> Result<Vec<Request>> {
+        self.requests_where(
+            "SELECT data FROM requests WHERE closed_at IS NOT NULL AND closed_at >= ?1",
+            [since],
+        )
+    }
+
+    fn requests_where(&self, query: &str, args: impl rusqlite::Params) -> Result<Vec<Request>> {
+        let conn = self.conn();
+        let e = sql(&self.path);
+        let mut statement = conn.prepare_cached(query).map_err(&e)?;
+        let mut rows = statement.query(args).map_err(&e)?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(&e)? {
+            let data: String = row.get(0).map_err(&e)?;
+            out.push(self.decode(&data)?);
+        }
+        Ok(out)
+    }
+
+    /// Whether the judge wrote (or means to write) a line with this id.
+    pub fn is_own(&self, id: &str) -> Result<bool> {
+        self.conn()
+            .prepare_cached("SELECT 1 FROM own WHERE id = ?1")
+            .and_then(|mut s| s.exists([id]))
+            .map_err(sql(&self.path))
+    }
+
+    /// The accepted message `id`.
+    pub fn message(&self, id: &str) -> Result<Option<MessageRow>> {
+        let conn = self.conn();
+        let mut statement = conn
+            .prepare_cached(
+                "SELECT id, inbox, gen, offset, span, seen_at, sender, kind, correlates_to, \
+                 context_id, state, fingerprint FROM messages WHERE id = ?1",
+            )
+            .map_err(sql(&self.path))?;
+        statement
+            .query_row([id], message_row)
+            .optional()
+            .map_err(sql(&self.path))
+    }
+
+    /// Every accepted message of thread `context`, in the order the judge accepted them.
+    pub fn thread(&self, context: &str) -> Result<Vec<MessageRow>> {
+        let conn = self.conn();
+        let e = sql(&self.path);
+        let mut statement = conn
+            .prepare_cached(
+                "SELECT id, inbox, gen, offset, span, seen_at, sender, kind, correlates_to, \
+                 context_id, state, fingerprint FROM messages WHERE context_id = ?1",
+            )
+            .map_err(&e)?;
+        let rows = statement.query_map([context], message_row).map_err(&e)?;
+        let mut out: Vec<MessageRow> = rows.collect::<rusqlite::Result<_>>().map_err(&e)?;
+        out.sort_by_key(|m| m.seen_at);
+        Ok(out)
+    }
+
+    /// Refused or duplicate lines that carried id `id`, oldest first.
+    pub fn others_with_id(&self, id: &str) -> Result<Vec<OtherRow>> {
+        self.others_where(
+            "SELECT inbox, gen, offset, span, verdict, seen_at, id, sender, reason, detail \
+             FROM others WHERE id = ?1 ORDER BY seen_at",
+            params![id],
+        )
+    }
+
+    /// The offsets of lines not accepted in `inbox`'s generation `gen` between `from` and
+    /// `to`.
+    pub fn others_between(&self, inbox: &str, gen: u32, from: u64, to: u64) -> Result<Vec<u64>> {
+        let rows = self.others_where(
+            "SELECT inbox, gen, offset, span, verdict, seen_at, id, sender, reason, detail \
+             FROM others WHERE inbox = ?1 AND gen = ?2 AND offset >= ?3 AND offset < ?4",
+            params![inbox, gen, to_sql(from), to_sql(to)],
+        )?;
+        Ok(rows.into_iter().map(|r| r.offset).collect())
+    }
+
+    fn others_where(&self, query: &str, args: impl rusqlite::Params) -> Result<Vec<OtherRow>> {
+        let conn = self.conn();
+        let e = sql(&self.path);
+        let mut statement = conn.prepare_cached(query).map_err(&e)?;
+        let rows = statement.query_map(args, other_row).map_err(&e)?;
+        rows.collect::<rusqlite::Result<_>>().map_err(e)
+    }
+
+    /// What was sent (by sender and kind) and refused (by reason) since `since`.
+    pub fn activity_since(&self, since: i64) -> Result<(Sent, HashMap<String, u64>)> {
+        let conn = self.conn();
+        let e = sql(&self.path);
+        let mut sent = HashMap::new();
+        let mut statement = conn
+            .prepare_cached(
+                "SELECT sender, kind, count(*) FROM messages WHERE seen_at >= ?1 GROUP BY sender, kind",
+            )
+            .map_err(&e)?;
+        let mut rows = statement.query([since]).map_err(&e)?;
+        while let Some(row) = rows.next().map_err(&e)? {
+            let from: String = row.get(0).map_err(&e)?;
+            let kind = kind_of(row.get(1).map_err(&e)?);
+            let n: i64 = row.get(2).map_err(&e)?;
+            sent.insert((from, kind), u64::try_from(n).unwrap_or_default());
+        }
+        drop(rows);
+        drop(statement);
+        let mut refused = HashMap::new();
+        let mut statement = conn
+            .prepare_cached(
+                "SELECT reason, count(*) FROM others WHERE seen_at >= ?1 AND verdict = 'r' GROUP BY reason",
+            )
+            .map_err(&e)?;
+        let mut rows = statement.query([since]).map_err(&e)?;
+        while let Some(row) = rows.next().map_err(&e)? {
+            let reason: Option<String> = row.get(0).map_err(&e)?;
+            let n: i64 = row.get(1).map_err(&e)?;
+            refused.insert(
+                reason.unwrap_or_default(),
+                u64::try_from(n).unwrap_or_default(),
+            );
+        }
+        Ok((sent, refused))
+    }
+}
+
+fn to_sql(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn from_sql(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or_default()
+}
+
+fn message_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRow> {
+    Ok(MessageRow {
+        id: row.get(0)?,
+        inbox: row.get(1)?,
+        gen: row.get(2)?,
+        offset: from_sql(row.get(3)?),
+        span: from_sql(row.get(4)?),
+        seen_at: row.get(5)?,
+        from: row.get(6)?,
+        kind: kind_of(row.get(7)?),
+        correlates_to: row.get(8)?,
+        context_id: row.get(9)?,
+        state: row
+            .get::<_, Option<String>>(10)?
+            .and_then(|s| State::parse(&s)),
+        // Stored as the signed 64-bit integer `SQLite` has; the bits are the fingerprint's.
+        #[allow(clippy::cast_sign_loss)]
+        fingerprint: row.get::<_, i64>(11)? as u64,
+    })
+}
+
+fn other_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OtherRow> {
+    Ok(OtherRow {
+        inbox: row.get(0)?,
+        gen: row.get(1)?,
+        offset: from_sql(row.get(2)?),
+        span: from_sql(row.get(3)?),
+        duplicate: row.get::<_, String>(4)? == "d",
+        seen_at: row.get(5)?,
+        id: row.get(6)?,
+        from: row.get(7)?,
+        reason: row.get(8)?,
+        detail: row.get(9)?,
+    })
+}
+
+/// The ledger's archive: claims and requests asked of the index by key.
+#[derive(Debug, Clone)]
+pub struct IndexArchive(pub Arc<Index>);
+
+impl Archive for IndexArchive {
+    fn claim(&self, id: &str) -> Option<u64> {
+        let index = &self.0;
+        let found = index
+            .conn()
+            .prepare_cached("SELECT fingerprint FROM messages WHERE id = ?1")
+            .and_then(|mut s| s.query_row([id], |r| r.get::<_, i64>(0)).optional());
+        match found {
+            // The bits of the fingerprint, stored signed.
+            #[allow(clippy::cast_sign_loss)]
+            Ok(found) => found.map(|f| f as u64),
+            Err(error) => {
+                index.lookup_failed(&error);
+                None
+            }
+        }
+    }
+
+    fn request(&self, id: &str) -> Option<Request> {
+        let index = &self.0;
+        let found = index
+            .conn()
+            .prepare_cached("SELECT data FROM requests WHERE id = ?1")
+            .and_then(|mut s| s.query_row([id], |r| r.get::<_, String>(0)).optional());
+        match found {
+            Ok(Some(data)) => match serde_json::from_str(&data) {
+                Ok(request) => Some(request),
+                Err(error) => {
+                    index.lookup_failed(&rusqlite::Error::FromSqlConversionFailure(
+                        0,
+                        rusqlite::types::Type::Text,
+                        Box::new(error),
+                    ));
+                    None
+                }
+            },
+            Ok(None) => None,
+            Err(error) => {
+                index.lookup_failed(&error);
+                None
+            }
+        }
+    }
+}
+
+/// The one writer of the index: the lock holder's, on whichever thread saves.
+#[derive(Debug)]
+pub struct IndexWriter {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl IndexWriter {
+    /// Open the index for writing, creating it (and its tables) when missing.
+    pub fn open(path: &Path) -> Result<IndexWriter> {
+        crate::fault::check(path).map_err(Error::io("open index", path))?;
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) if !meta.file_type().is_file() => {
+                return Err(Error::NotRegularFile {
+                    path: path.to_path_buf(),
+                });
+            }
+            Ok(_) => {}
+            // Made private before `SQLite` opens it: `SQLite` gives its journal files the
+            // database's mode.
+            Err(_) => {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(path)
+                    .map_err(Error::io("create index", path))?;
+            }
+        }
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_NOFOLLOW,
+        )
+        .map_err(sql(path))?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(sql(path))?;
+        conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;")
+            .map_err(sql(path))?;
+        let mut writer = IndexWriter {
+            conn,
+            path: path.to_path_buf(),
+        };
+        writer.create_tables()?;
+        Ok(writer)
+    }
+
+    fn create_tables(&mut self) -> Result<()> {
+        let e = sql(&self.path);
+        let tx = self.conn.transaction().map_err(&e)?;
+        tx.execute_batch(SCHEMA).map_err(&e)?;
+        let version: Option<i64> = tx
+            .query_row("SELECT value FROM meta WHERE key = 'version'", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(&e)?;
+        match version {
+            None => {
+                tx.execute(
+                    "INSERT INTO meta(key, value) VALUES ('version', ?1)",
+                    [VERSION],
+                )
+                .map_err(&e)?;
+            }
+            Some(VERSION) => {}
+            Some(other) => {
+                return Err(Error::Index {
+                    path: self.path.clone(),
+                    message: format!("version {other}, expected {VERSION}"),
+                })
+            }
+        }
+        tx.commit().map_err(e)
+    }
+
+    /// Write `changes` in one transaction.
+    #[allow(clippy::too_many_lines)] // one statement per table, in one transaction
+    pub fn save(&mut self, changes: &Changes) -> Result<()> {
+        // The fault seam sees a save as one write of about its rows' size: `SQLite`'s commit is
+        // atomic, so a full disk fails the whole transaction and leaves the last save.
+        let need = changes.approximate_bytes();
+        let allowed =
+            crate::fault::allow(&self.path, need).map_err(Error::io("write index", &self.path))?;
+        if allowed < need {
+            return Err(Error::io("write index", &self.path)(
+                std::io::Error::from_raw_os_error(libc::ENOSPC),
+            ));
+        }
+        let e = sql(&self.path);
+        let tx = self.conn.transaction().map_err(&e)?;
+        {
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO messages(id, inbox, gen, offset, span, seen_at, sender, \
+                     kind, correlates_to, context_id, state, fingerprint) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                )
+                .map_err(&e)?;
+            for m in &changes.messages {
+                // The fingerprint's bits, stored as `SQLite`'s signed integer.
+                #[allow(clippy::cast_possible_wrap)]
+                let fingerprint = m.fingerprint as i64;
+                insert
+                    .execute(params![
+                        m.id,
+                        m.inbox,
+                        m.gen,
+                        to_sql(m.offset),
+                        to_sql(m.span),
+                        m.seen_at,
+                        m.from,
+                        kind_code(m.kind),
+                        m.correlates_to,
+                        m.context_id,
+                        m.state.map(State::as_str),
+                        fingerprint,
+                    ])
+                    .map_err(&e)?;
+            }
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO others(inbox, gen, offset, span, verdict, seen_at, id, \
+                     sender, reason, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                )
+                .map_err(&e)?;
+            for o in &changes.others {
+                insert
+                    .execute(params![
+                        o.inbox,
+                        o.gen,
+                        to_sql(o.offset),
+                        to_sql(o.span),
+                        if o.duplicate { "d" } else { "r" },
+                        o.seen_at,
+                        o.id,
+                        o.from,
+                        o.reason,
+                        o.detail,
+                    ])
+                    .map_err(&e)?;
+            }
+            let mut insert = tx
+                .prepare_cached("INSERT OR IGNORE INTO own(id) VALUES (?1)")
+                .map_err(&e)?;
+            for id in &changes.own {
+                insert.execute([id]).map_err(&e)?;
+            }
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO requests(id, open, closed_at, data) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(&e)?;
+            for r in &changes.requests {
+                let data = serde_json::to_string(r).expect("a request always serialises");
+                insert
+                    .execute(params![
+                        r.id,
+                        r.is_open(),
+                        r.closed_at.map(|t| t.timestamp_millis()),
+                        data
+                    ])
+                    .map_err(&e)?;
+            }
+            let mut insert = tx
+                .prepare_cached("INSERT OR REPLACE INTO inboxes(name, data) VALUES (?1, ?2)")
+                .map_err(&e)?;
+            for (name, inbox) in &changes.inboxes {
+                let data = serde_json::to_string(inbox).expect("an inbox always serialises");
+                insert.execute(params![name, data]).map_err(&e)?;
+            }
+            if let Some(intents) = &changes.intents {
+                tx.execute("DELETE FROM intents", []).map_err(&e)?;
+                let mut insert = tx
+                    .prepare_cached("INSERT INTO intents(id, inbox, line) VALUES (?1, ?2, ?3)")
+                    .map_err(&e)?;
+                for (id, intent) in intents {
+                    insert
+                        .execute(params![id, intent.inbox, intent.line])
+                        .map_err(&e)?;
+                }
+            }
+            if let Some(untold) = &changes.untold {
+                tx.execute("DELETE FROM untold", []).map_err(&e)?;
+                let mut insert = tx
+                    .prepare_cached("INSERT INTO untold(key, data) VALUES (?1, ?2)")
+                    .map_err(&e)?;
+                for (key, line) in untold {
+                    let data = serde_json::to_string(line).expect("a refusal always serialises");
+                    insert.execute(params![key, data]).map_err(&e)?;
+                }
+            }
+            let mut meta = tx
+                .prepare_cached("INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)")
+                .map_err(&e)?;
+            if let Some(refused) = &changes.refused {
+                let data = serde_json::to_string(refused).expect("counts always serialise");
+                meta.execute(params!["refused", data]).map_err(&e)?;
+            }
+            meta.execute(params!["journal_len", to_sql(changes.journal_len)])
+                .map_err(&e)?;
+        }
+        tx.commit().map_err(e)
+    }
+}

@@ -1,0 +1,531 @@
+//! The bridge API: the one handle every front end (the CLI's commands, hooks, servers) asks
+//! its questions through. Opening it catches up once when no judge runs (becoming the judge
+//! for that moment, exactly as `daemon --once` would) and otherwise reads the index's last
+//! save and the journal's tail past it. Every answer then comes from the index by key, plus
+//! that tail: what is unread for an agent, one message by id, a thread, the open debts, a
+//! request's state, the counts behind `status` and `report`.
+//!
+//! Nothing above the store reads journal records, parses accepted lines or judges on its
+//! own: it asks a `View`, or follows one with [`Updates`].
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+
+use chrono::{DateTime, Utc};
+use doorbell_core::report::Activity;
+use doorbell_core::{
+    Envelope, Kind, Limits, MessageSummary, RefusalReason, Registry, Request, Verdict,
+};
+
+use crate::append::open_inbox;
+use crate::index::{MessageRow, OtherRow};
+use crate::journal::{journal_path, InboxJournal, JournalFollower, Record, Snapshot, Word};
+use crate::{Bridge, BridgeLock, CatchUp, Judge, Result};
+
+/// An open view of the bridge, caught up as of when it was opened.
+#[derive(Debug)]
+pub struct View {
+    bridge: Bridge,
+    snapshot: Snapshot,
+    /// Who holds the bridge lock, when another process judges.
+    judge: Option<String>,
+    /// Whether every open request is in memory.
+    open_loaded: bool,
+    caught_up: CatchUp,
+}
+
+/// A message found by id: where it is, what the judge said, and its line when the inbox
+/// still holds it.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub id: String,
+    pub inbox: String,
+    pub gen: u32,
+    pub offset: u64,
+    pub verdict: Word,
+    pub seen_at: i64,
+    pub reason: Option<String>,
+    pub detail: Option<String>,
+    /// The thread, for an accepted line.
+    pub context_id: Option<String>,
+    /// The line as written (without its `\n`), when its file still holds it.
+    pub line: Option<Vec<u8>>,
+    /// Whether the agent's cursor has passed it.
+    pub read: bool,
+}
+
+/// An accepted message and its line.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub row: MessageRow,
+    /// The line as written, when its file still holds it (an inbox replaced since does not).
+    pub line: Option<Vec<u8>>,
+}
+
+impl Message {
+    /// The envelope, parsed from the line (accepted lines always parse).
+    #[must_use]
+    pub fn envelope(&self) -> Option<Envelope<'_>> {
+        envelope_of(self.line.as_deref()?)
+    }
+}
+
+/// Parse an accepted line for display: any length, since the judge already let it through.
+#[must_use]
+pub fn envelope_of(line: &[u8]) -> Option<Envelope<'_>> {
+    let limits = Limits {
+        max_line_bytes: usize::MAX,
+    };
+    doorbell_core::judge_stateless(line, None, &limits).ok()
+}
+
+impl View {
+    /// Catch up when no judge runs (and save what that judged); otherwise read the index
+    /// and the journal's tail as they stand: a view never judges behind a judge's back.
+    pub fn open(bridge: &Bridge) -> Result<View> {
+        match BridgeLock::try_acquire(bridge, "doorbell catch-up")? {
+            Some(lock) => {
+                let mut judge = Judge::open(bridge.clone(), lock)?;
+                let caught_up = judge.catch_up(Utc::now())?;
+                judge.checkpoint_if_changed()?;
+                Ok(View {
+                    bridge: bridge.clone(),
+                    snapshot: judge.into_snapshot(),
+                    judge: None,
+                    open_loaded: true,
+                    caught_up,
+                })
+            }
+            None => Ok(View {
+                bridge: bridge.clone(),
+                snapshot: Snapshot::load(bridge)?,
+                judge: Some(crate::lock::holder(bridge)),
+                open_loaded: false,
+                caught_up: CatchUp::default(),
+            }),
+        }
+    }
+
+    /// The bridge as the index and the journal say, without judging anything: what `open`
+    /// gives while another judge runs.
+    pub fn unjudged(bridge: &Bridge) -> Result<View> {
+        Ok(View {
+            bridge: bridge.clone(),
+            snapshot: Snapshot::load(bridge)?,
+            judge: None,
+            open_loaded: false,
+            caught_up: CatchUp::default(),
+        })
+    }
+
+    /// What opening the view judged (nothing when another judge runs).
+    #[must_use]
+    pub fn caught_up(&self) -> &CatchUp {
+        &self.caught_up
+    }
+
+    #[must_use]
+    pub fn bridge(&self) -> &Bridge {
+        &self.bridge
+    }
+
+    /// Who judges: `None` when no judge ran and this view caught up itself.
+    #[must_use]
+    pub fn judge(&self) -> Option<&str> {
+        self.judge.as_deref()
+    }
+
+    /// Request `id` as the ledger has it.
+    #[must_use]
+    pub fn request(&self, id: &str) -> Option<Cow<'_, Request>> {
+        self.snapshot.ledger.request(id)
+    }
+
+    fn load_open(&mut self) -> Result<()> {
+        if !self.open_loaded {
+            self.snapshot.load_open_requests()?;
+            self.open_loaded = true;
+        }
+        Ok(())
+    }
+
+    /// Every open debt, oldest state first.
+    pub fn debts(&mut self) -> Result<Vec<Request>> {
+        self.load_open()?;
+        Ok(self
+            .snapshot
+            .ledger
+            .debts()
+            .into_iter()
+            .map(|d| d.request.clone())
+            .collect())
+    }
+
+    /// The stateful rules as the ledger stands, for a sender's pre-check (the judge's
+    /// verdict stays final).
+    #[must_use]
+    pub fn precheck(&self, envelope: &Envelope<'_>, owner: &str, registry: &Registry) -> Verdict {
+        self.snapshot
+            .ledger
+            .judge(envelope, owner, registry, &|_| false)
+    }
+
+    /// What the judge knows of each inbox.
+    #[must_use]
+    pub fn inboxes(&self) -> &BTreeMap<String, InboxJournal> {
+        &self.snapshot.inboxes
+    }
+
+    /// Refused lines ever, by reason.
+    #[must_use]
+    pub fn refused(&self) -> &BTreeMap<RefusalReason, u64> {
+        &self.snapshot.refused
+    }
+
+    /// Where the journal the view has read ends: where [`Updates`] start.
+    #[must_use]
+    pub fn updates(&self) -> Updates {
+        Updates {
+            follower: JournalFollower::new(journal_path(&self.bridge), self.snapshot.journal_len),
+        }
+    }
+
+    /// One message by id: the accepted line that claimed it, else the first refused or
+    /// duplicate line that carried it.
+    pub fn message(&self, id: &str) -> Result<Option<Found>> {
+        let accepted = match self.snapshot.unsaved_messages().find(|m| m.id == id) {
+            Some(row) => Some(row.clone()),
+            None => match self.snapshot.index() {
+                Some(index) => index.message(id)?,
+                None => None,
+            },
+        };
+        let found = if let Some(row) = accepted {
+            Found {
+                id: row.id,
+                line: self.line_at(&row.inbox, row.gen, row.offset, row.span),
+                inbox: row.inbox,
+                gen: row.gen,
+                offset: row.offset,
+                verdict: Word::Accepted,
+                seen_at: row.seen_at,
+                reason: None,
+                detail: None,
+                context_id: Some(row.context_id),
+                read: false,
+            }
+        } else {
+            let mut others = match self.snapshot.index() {
+                Some(index) => index.others_with_id(id)?,
+                None => Vec::new(),
+            };
+            others.extend(
+                self.snapshot
+                    .unsaved_others_all()
+                    .filter(|o| o.id.as_deref() == Some(id))
+                    .cloned(),
+            );
+            let Some(other) = others.into_iter().next() else {
+                return Ok(None);
+            };
+            let OtherRow {
+                inbox,
+                gen,
+                offset,
+                span,
+                duplicate,
+                seen_at,
+                reason,
+                detail,
+                ..
+            } = other;
+            Found {
+                id: id.to_owned(),
+                line: self.line_at(&inbox, gen, offset, span),
+                inbox,
+                gen,
+                offset,
+                verdict: if duplicate {
+                    Word::Duplicate
+                } else {
+                    Word::Refused
+                },
+                seen_at,
+                reason,
+                detail,
+                context_id: None,
+                read: false,
+            }
+        };
+        let read = self.has_read(&found.inbox, found.gen, found.offset);
+        Ok(Some(Found { read, ..found }))
+    }
+
+    /// Whether `agent`'s cursor has passed `offset` of generation `gen`.
+    fn has_read(&self, agent: &str, gen: u32, offset: u64) -> bool {
+        let Some(journal) = self.snapshot.inboxes.get(agent) else {
+            return false;
+        };
+        let Some(file) = self.current_file(agent, journal) else {
+            return false;
+        };
+        journal.gen == gen
+            && crate::cursor::load(&self.bridge, agent, &file)
+                .is_ok_and(|position| position.offset() > offset)
+    }
+
+    /// The inbox file now at `agent`'s path, when it is the one the journal describes.
+    fn current_file(&self, agent: &str, journal: &InboxJournal) -> Option<File> {
+        let file = open_inbox(&self.bridge.inbox_path(agent).ok()?, false).ok()?;
+        let meta = file.metadata().ok()?;
+        ((meta.dev(), meta.ino()) == (journal.dev, journal.ino)).then_some(file)
+    }
+
+    /// The bytes of the line at `offset` (its `\n` left out), when `inbox`'s current file is
+    /// still generation `gen`.
+    fn line_at(&self, inbox: &str, gen: u32, offset: u64, span: u64) -> Option<Vec<u8>> {
+        let journal = self.snapshot.inboxes.get(inbox)?;
+        if journal.gen != gen {
+            return None;
+        }
+        let file = self.current_file(inbox, journal)?;
+        let mut buf = vec![0; usize::try_from(span.checked_sub(1)?).ok()?];
+        file.read_exact_at(&mut buf, offset).ok()?;
+        Some(buf)
+    }
+
+    /// Every accepted message of thread `context`, in the order they were accepted.
+    pub fn thread(&self, context: &str) -> Result<Vec<Message>> {
+        let mut rows = match self.snapshot.index() {
+            Some(index) => index.thread(context)?,
+            None => Vec::new(),
+        };
+        let known: BTreeSet<String> = rows.iter().map(|r| r.id.clone()).collect();
+        rows.extend(
+            self.snapshot
+                .unsaved_messages()
+                .filter(|m| m.context_id == context && !known.contains(&m.id))
+                .cloned(),
+        );
+        Ok(rows
+            .into_iter()
+            .map(|row| Message {
+                line: self.line_at(&row.inbox, row.gen, row.offset, row.span),
+                row,
+            })
+            .collect())
+    }
+
+    /// `agent`'s inbox as the judge sees it, to read accepted lines from `from` on.
+    pub fn inbox(&self, agent: &str, from: u64) -> Result<Option<InboxView>> {
+        let Some(journal) = self.snapshot.inboxes.get(agent) else {
+            return Ok(None);
+        };
+        let mut not_accepted: BTreeSet<u64> = match self.snapshot.index() {
+            Some(index) => index
+                .others_between(agent, journal.gen, from, u64::MAX)?
+                .into_iter()
+                .collect(),
+            None => BTreeSet::new(),
+        };
+        not_accepted.extend(
+            self.snapshot
+                .unsaved_others(agent, journal.gen)
+                .map(|o| o.offset),
+        );
+        Ok(Some(InboxView {
+            agent: agent.to_owned(),
+            journal: journal.clone(),
+            not_accepted,
+        }))
+    }
+
+    /// What was sent and refused since `since`.
+    pub fn activity(&self, since: DateTime<Utc>) -> Result<Activity> {
+        let since = since.timestamp_millis();
+        let mut activity = Activity::default();
+        if let Some(index) = self.snapshot.index() {
+            let (sent, refused) = index.activity_since(since)?;
+            for ((from, kind), n) in sent {
+                *activity
+                    .sent
+                    .entry(from)
+                    .or_default()
+                    .entry(kind)
+                    .or_default() += n;
+            }
+            for (reason, n) in refused {
+                *activity.refused.entry(reason).or_default() += n;
+            }
+        }
+        for m in self
+            .snapshot
+            .unsaved_messages()
+            .filter(|m| m.seen_at >= since)
+        {
+            *activity
+                .sent
+                .entry(m.from.clone())
+                .or_default()
+                .entry(m.kind)
+                .or_default() += 1;
+        }
+        for o in self
+            .snapshot
+            .unsaved_others_all()
+            .filter(|o| o.seen_at >= since && !o.duplicate)
+        {
+            *activity
+                .refused
+                .entry(o.reason.clone().unwrap_or_default())
+                .or_default() += 1;
+        }
+        Ok(activity)
+    }
+
+    /// The requests a report over the window from `since` shows: every open one, and those
+    /// closed since `since`.
+    pub fn report_requests(&mut self, since: DateTime<Utc>) -> Result<Vec<Request>> {
+        self.load_open()?;
+        let mut requests: BTreeMap<String, Request> = BTreeMap::new();
+        if let Some(index) = self.snapshot.index() {
+            for request in index.closed_since(since.timestamp_millis())? {
+                requests.insert(request.id.clone(), request);
+            }
+        }
+        // Memory is newer than the index.
+        for request in self.snapshot.ledger.requests() {
+            let closed_in_window = request.closed_at.is_some_and(|t| t >= since);
+            if request.is_open() || closed_in_window {
+                requests.insert(request.id.clone(), request.clone());
+            } else {
+                requests.remove(&request.id);
+            }
+        }
+        Ok(requests.into_values().collect())
+    }
+
+    /// The first line of text of each of `requests`, read from its inbox.
+    #[must_use]
+    pub fn texts(&self, requests: &[&Request]) -> BTreeMap<String, String> {
+        let mut texts = BTreeMap::new();
+        for request in requests {
+            let Some((gen, offset)) = request.location else {
+                continue;
+            };
+            let Some(journal) = self.snapshot.inboxes.get(&request.addressee) else {
+                continue;
+            };
+            if journal.gen != gen {
+                continue;
+            }
+            let Some(file) = self.current_file(&request.addressee, journal) else {
+                continue;
+            };
+            if let Some(line) =
+                crate::reports::line_from(&file, offset, self.bridge.max_line_bytes())
+            {
+                if let Some(envelope) = envelope_of(&line) {
+                    texts.insert(request.id.clone(), envelope.message.first_line());
+                }
+            }
+        }
+        texts
+    }
+}
+
+/// An agent's inbox as the judge sees it: which lines from a start offset on are accepted.
+#[derive(Debug, Clone)]
+pub struct InboxView {
+    pub agent: String,
+    pub journal: InboxJournal,
+    not_accepted: BTreeSet<u64>,
+}
+
+impl InboxView {
+    /// An inbox the judge has not seen yet: nothing in it is accepted.
+    #[must_use]
+    pub fn empty(agent: &str) -> InboxView {
+        InboxView {
+            agent: agent.to_owned(),
+            journal: InboxJournal::default(),
+            not_accepted: BTreeSet::new(),
+        }
+    }
+
+    /// Whether the line at `offset` was judged and accepted.
+    #[must_use]
+    pub fn is_accepted(&self, offset: u64) -> bool {
+        offset < self.journal.judged_to && !self.not_accepted.contains(&offset)
+    }
+
+    fn apply(&mut self, record: &Record) {
+        if record.inbox != self.agent {
+            return;
+        }
+        let gen = self.journal.gen;
+        self.journal.apply(record);
+        if self.journal.gen != gen {
+            self.not_accepted.clear();
+        }
+        if matches!(record.verdict, Word::Refused | Word::Duplicate)
+            && record.gen == self.journal.gen
+        {
+            self.not_accepted.insert(record.offset);
+        }
+    }
+}
+
+/// What the judge journals after a view was opened, as it journals it.
+#[derive(Debug)]
+pub struct Updates {
+    follower: JournalFollower,
+}
+
+impl Updates {
+    /// Each line accepted since the last call.
+    pub fn accepted(&mut self, each: &mut dyn FnMut(&MessageRow)) -> Result<()> {
+        self.follower.read(&mut |record| {
+            if let Some(row) = MessageRow::from_record(&record) {
+                each(&row);
+            }
+        })
+    }
+
+    /// Bring `inbox` up to date with what was judged since the last call.
+    pub fn follow(&mut self, inbox: &mut InboxView) -> Result<()> {
+        self.follower.read(&mut |record| inbox.apply(&record))
+    }
+}
+
+impl MessageRow {
+    /// The index's row for an accepted record.
+    #[must_use]
+    pub fn from_record(record: &Record) -> Option<MessageRow> {
+        let line = record
+            .line
+            .as_ref()
+            .filter(|_| record.verdict == Word::Accepted)?;
+        Some(MessageRow {
+            id: line.id.clone(),
+            inbox: record.inbox.clone(),
+            gen: record.gen,
+            offset: record.offset,
+            span: record.span,
+            seen_at: record.seen_at,
+            from: line.from.clone(),
+            kind: line.kind,
+            correlates_to: line.correlates_to.clone(),
+            context_id: line.context_id.clone(),
+            state: line.state,
+            fingerprint: line.fingerprint,
+        })
+    }
+
+    #[must_use]
+    pub fn is_request(&self) -> bool {
+        self.kind == Kind::Request
+    }
+}
