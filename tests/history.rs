@@ -28,6 +28,14 @@ fn copy_tree(from: &Path, to: &Path) {
 /// the folder as it stood on the disk it was made on.
 fn old_bridge() -> Bridge {
     let bridge = Bridge::new();
+    // The fixture's open request was made long ago: no ring may fall due while this runs.
+    let config = bridge.tmp.path().join("home/.config/doorbell");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("doorbell.toml"),
+        "[debts]\nring_after = \"36500d\"\n",
+    )
+    .unwrap();
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1-bridge");
     copy_tree(&fixture, &bridge.dir());
     let identity = |name: &str| {
@@ -318,4 +326,63 @@ fn an_index_ahead_of_its_journal_is_rebuilt() {
     let after = judged_once(&bridge);
     assert_eq!(after.len(), before.len() + 1);
     assert_eq!(count_in(&bridge, "design", "bridge:refused:"), 1);
+}
+
+#[test]
+fn compact_seals_and_compresses_the_journal_and_every_view_stays() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    traffic(&bridge);
+    let views = seen(&bridge);
+    let state = bridge.dir().join(".doorbell");
+    let journal = std::fs::metadata(state.join("journal.jsonl"))
+        .unwrap()
+        .len();
+    let run = bridge.doorbell(&["compact"]);
+    run.ok();
+    assert!(
+        run.stderr.contains("sealed journal segment 0"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("compressed 1 sealed segments"),
+        "{}",
+        run.stderr
+    );
+    let packed = std::fs::metadata(state.join("journal/00000000.jsonl.gz"))
+        .unwrap()
+        .len();
+    assert!(packed < journal, "{packed} bytes packed from {journal}");
+    assert!(!state.join("journal/00000000.jsonl").exists());
+    assert_eq!(
+        std::fs::metadata(state.join("journal.jsonl"))
+            .unwrap()
+            .len(),
+        0
+    );
+    assert_eq!(seen(&bridge), views);
+
+    // The live segment goes on; an exact retry of a line sealed away is still a duplicate.
+    let mut retry = bridge.lines("web")[0].clone();
+    retry.push(b'\n');
+    bridge.append_raw("web", &retry);
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let verdicts: Vec<String> = bridge.verdicts().into_iter().map(|v| v.2).collect();
+    assert_eq!(verdicts, ["duplicate"]);
+
+    // A lost index is rebuilt from the compressed segment and the live one.
+    for file in index_files(&bridge) {
+        let _ = std::fs::remove_file(file);
+    }
+    let once = bridge.doorbell(&["daemon", "--once"]);
+    assert!(once.stderr.contains("judged 0 lines"), "{}", once.stderr);
+    assert_eq!(seen(&bridge), views);
+    // A second compaction seals the next segment.
+    let run = bridge.doorbell(&["compact"]);
+    assert!(
+        run.stderr.contains("sealed journal segment 1"),
+        "{}",
+        run.stderr
+    );
+    assert!(state.join("journal/00000001.jsonl.gz").exists());
 }

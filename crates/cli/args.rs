@@ -50,6 +50,8 @@ pub enum Command {
     Check(CheckArgs),
     /// Run the judge in the foreground: tail every inbox, judge, notify (systemd runs this)
     Daemon(DaemonArgs),
+    /// Seal the live journal (when no daemon runs) and compress the sealed segments
+    Compact,
     /// Create and list stations
     #[command(subcommand)]
     Agent(AgentCommand),
@@ -288,6 +290,7 @@ impl Cli {
             Command::Check(args) => crate::check::run(&session()?, &args),
             Command::Daemon(args) if args.once => crate::session::daemon_once(&session()?),
             Command::Daemon(_) => crate::daemon::run(&session()?, config.as_deref()),
+            Command::Compact => crate::session::compact(&session()?),
             Command::Agent(AgentCommand::Add { name }) => crate::agent::add(&session()?, &name),
             Command::Agent(AgentCommand::List { json }) => crate::agent::list(&session()?, json),
             // Generated from the command definitions: no bridge and no config needed.

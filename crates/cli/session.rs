@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use doorbell_store::{Bridge, Config, Judge, View};
+use doorbell_store::{Bridge, Config, View};
 
 /// The resolved config and bridge folder of one invocation.
 pub struct Session {
@@ -51,9 +51,7 @@ pub fn init_tracing() {
 pub fn daemon_once(session: &Session) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let lock = crate::daemon::acquire(&bridge, "doorbell daemon --once")?;
-    let mut judge = Judge::open(bridge, lock)?;
-    let stats = judge.catch_up(chrono::Utc::now())?;
-    judge.checkpoint()?;
+    let stats = doorbell_store::judge::once(bridge, lock)?;
     eprintln!(
         "judged {} lines: {} accepted, {} duplicate, {} refused; {} notices written",
         stats.judged(),
@@ -61,6 +59,22 @@ pub fn daemon_once(session: &Session) -> anyhow::Result<i32> {
         stats.duplicate,
         stats.refused,
         stats.notices
+    );
+    Ok(crate::exit::OK)
+}
+
+/// `doorbell compact`: seal the live journal when no judge runs, then compress every sealed
+/// segment. A running daemon seals the live journal itself once it is large.
+pub fn compact(session: &Session) -> anyhow::Result<i32> {
+    let bridge = session.bridge()?;
+    let done = doorbell_store::judge::compact(&bridge).context("compacting the journal")?;
+    match done.sealed {
+        Some(segment) => eprintln!("sealed journal segment {segment}"),
+        None => eprintln!("a judge is running: the live journal stays as it is"),
+    }
+    eprintln!(
+        "compressed {} sealed segments: {} bytes into {}",
+        done.compressed.segments, done.compressed.bytes_before, done.compressed.bytes_after
     );
     Ok(crate::exit::OK)
 }

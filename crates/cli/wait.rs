@@ -29,6 +29,19 @@ pub fn run(session: &Session, args: &WaitArgs) -> anyhow::Result<i32> {
     let timeout = parse_duration(&args.timeout).map_err(|e| refused(format!("--timeout: {e}")))?;
     let deadline = Instant::now() + timeout;
     let bridge = session.bridge()?;
+    let done = |known: Option<(State, u32)>| {
+        known.is_some_and(|(state, responses)| {
+            state.is_terminal() || state == State::InputRequired || (args.any && responses > 0)
+        })
+    };
+    // Answered already: no need to watch anything.
+    let first = view(&bridge)?
+        .request(&args.id)
+        .map(|r| (r.state, r.responses));
+    if let (true, Some((state, _))) = (done(first), first) {
+        return finish(&bridge, &args.id, state, None, args.json);
+    }
+    // Watch before looking again, so that nothing between the look and the watch is missed.
     let events = Events::new(&bridge)?;
     let view = view(&bridge)?;
     let mut known = view.request(&args.id).map(|r| (r.state, r.responses));
@@ -37,10 +50,8 @@ pub fn run(session: &Session, args: &WaitArgs) -> anyhow::Result<i32> {
     let mut answer: Option<Answer> = None;
     let grace = Instant::now() + GRACE;
     loop {
-        if let Some((state, responses)) = known {
-            let done =
-                state.is_terminal() || state == State::InputRequired || (args.any && responses > 0);
-            if done {
+        if let Some((state, _)) = known {
+            if done(known) {
                 return finish(&bridge, &args.id, state, answer.as_ref(), args.json);
             }
         } else if Instant::now() > grace {

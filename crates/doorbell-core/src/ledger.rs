@@ -686,6 +686,17 @@ impl Ledger {
         }
     }
 
+    /// Count every open request in memory as changed, so the next save writes them all
+    /// (their due times, after the schedule changed).
+    pub fn touch_open(&mut self) {
+        let seq = self.seq;
+        for entry in self.requests.values_mut() {
+            if entry.request.is_open() {
+                entry.touched = seq;
+            }
+        }
+    }
+
     /// The requests changed since the last call, to be saved; later changes go into the
     /// next set. Memory keeps them until [`Ledger::saved`] says the archive has them.
     pub fn take_changes(&mut self) -> Changes {

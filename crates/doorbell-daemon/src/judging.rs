@@ -19,6 +19,8 @@ const NOTICE_WINDOW: Duration = Duration::from_millis(200);
 /// the checkpoint (a save of what changed into the index) only shortens the replay of a
 /// restart or a reader. Saving less often writes fewer pages per message.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(30);
+/// The live journal is sealed as a segment once it is this large.
+const SEGMENT_BYTES: u64 = 64 << 20;
 /// A checkpoint is due sooner once the journal grew this much: what a reader replays stays
 /// small under heavy traffic.
 const CHECKPOINT_AFTER_BYTES: u64 = 256 << 10;
@@ -74,6 +76,8 @@ pub fn run(
     arrivals: &UnboundedSender<(String, Arrival)>,
     ready: impl FnOnce(&Ready),
 ) -> doorbell_store::Result<()> {
+    // A long-running judge rings from memory: every open request is there.
+    judge.keep_open_in_memory()?;
     // Read every inbox to its end, and the journal, before emitting anything.
     let stats = match judge.catch_up(Utc::now()) {
         Err(doorbell_store::Error::Interrupted) => return judge.checkpoint(),
@@ -213,12 +217,15 @@ fn step(
         judge.emit(Utc::now(), &mut stats)?;
     }
     if due.checkpoint.is_some_and(|at| at <= now_instant) {
-        due.checkpoint = if judge.checkpoint_in_background()? {
-            None
-        } else {
-            // The last one is still being saved: try again a little later.
-            Some(now_instant + CHECKPOINT_EVERY / 5)
-        };
+        // A large live journal is sealed as a segment (after a save of everything), so that
+        // `doorbell compact` can compress it; otherwise the save goes to its thread.
+        due.checkpoint =
+            if judge.roll_if_over(SEGMENT_BYTES)? || judge.checkpoint_in_background()? {
+                None
+            } else {
+                // The last one is still being saved: try again a little later.
+                Some(now_instant + CHECKPOINT_EVERY / 5)
+            };
     }
     Ok(())
 }

@@ -30,7 +30,7 @@ pub const INDEX_FILE: &str = "index.db";
 /// Messages sent, by sender and kind.
 pub type Sent = HashMap<(String, Kind), u64>;
 /// Bumped whenever the tables change: an index of another version is rebuilt.
-const VERSION: i64 = 1;
+const VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value) WITHOUT ROWID;
@@ -68,10 +68,11 @@ CREATE INDEX IF NOT EXISTS others_by_time ON others(seen_at);
 CREATE TABLE IF NOT EXISTS requests(
     id TEXT PRIMARY KEY,
     open INTEGER NOT NULL,
+    due_at INTEGER,
     closed_at INTEGER,
     data TEXT NOT NULL
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS requests_open ON requests(open) WHERE open;
+CREATE INDEX IF NOT EXISTS requests_open ON requests(due_at) WHERE open;
 CREATE INDEX IF NOT EXISTS requests_closed ON requests(closed_at) WHERE closed_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS own(id TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS inboxes(name TEXT PRIMARY KEY, data TEXT NOT NULL) WITHOUT ROWID;
@@ -112,11 +113,41 @@ pub struct OtherRow {
     pub detail: Option<String>,
 }
 
+/// When the doorbell rings: what a request's saved due time was computed with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timing {
+    pub schedule: doorbell_core::debts::Schedule,
+    pub human: String,
+}
+
+impl Timing {
+    /// A short text that differs when the schedule does: saved beside the due times.
+    #[must_use]
+    pub fn key(&self) -> String {
+        format!(
+            "{}ms/{}/{}/{}",
+            self.schedule.ring_after.as_millis(),
+            self.schedule.backoff,
+            self.schedule.max_rings,
+            self.human
+        )
+    }
+
+    /// When `request` next rings or is escalated, in milliseconds.
+    #[must_use]
+    pub fn due_at(&self, request: &Request) -> Option<i64> {
+        doorbell_core::debts::next_due(request, &self.schedule, &self.human)
+            .map(|(at, _)| at.timestamp_millis())
+    }
+}
+
 /// What a save writes: everything that changed since the last one.
 #[derive(Debug, Default)]
 pub struct Changes {
     /// The ledger's change set (see `Ledger::take_changes`).
     pub seq: u64,
+    /// The live journal segment, and how much of it the save covers.
+    pub segment: u64,
     pub journal_len: u64,
     pub messages: Vec<MessageRow>,
     pub others: Vec<OtherRow>,
@@ -127,6 +158,8 @@ pub struct Changes {
     pub intents: Option<BTreeMap<String, Intent>>,
     pub untold: Option<BTreeMap<String, RefusedLine>>,
     pub refused: Option<BTreeMap<RefusalReason, u64>>,
+    /// The schedule the requests' due times are computed with.
+    pub timing: Option<Timing>,
 }
 
 impl Changes {
@@ -144,11 +177,14 @@ impl Changes {
 /// The open state a judge or a reader starts from.
 #[derive(Debug, Default)]
 pub struct OpenState {
+    pub segment: u64,
     pub journal_len: u64,
     pub inboxes: BTreeMap<String, InboxJournal>,
     pub intents: BTreeMap<String, Intent>,
     pub untold: BTreeMap<String, RefusedLine>,
     pub refused: BTreeMap<RefusalReason, u64>,
+    /// What the saved due times were computed with (see [`Timing::key`]).
+    pub timing: Option<String>,
 }
 
 /// `SQLite`'s error as the store's: a damaged file is [`Error::Index`] (the judge rebuilds
@@ -172,19 +208,22 @@ fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> Error + '_ {
 
 fn is_damage(e: &rusqlite::Error) -> bool {
     use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
-    match e {
+    let damaged = match e {
         rusqlite::Error::SqliteFailure(failure, _) => {
             matches!(failure.code, DatabaseCorrupt | NotADatabase)
         }
-        // A column of the wrong type or a table that is not there: not what doorbell wrote.
+        // A column of the wrong type: not what doorbell wrote.
         rusqlite::Error::InvalidColumnType(..)
         | rusqlite::Error::FromSqlConversionFailure(..)
         | rusqlite::Error::IntegralValueOutOfRange(..) => true,
-        rusqlite::Error::SqlInputError { error, .. } => {
-            matches!(error.code, DatabaseCorrupt | NotADatabase)
-        }
-        _ => e.to_string().contains("no such table"),
-    }
+        _ => false,
+    };
+    // Tables or columns not as this version makes them.
+    let text = e.to_string();
+    damaged
+        || ["no such table", "no such column", "has no column named"]
+            .iter()
+            .any(|t| text.contains(t))
 }
 
 fn kind_code(kind: Kind) -> i64 {
@@ -334,6 +373,10 @@ impl Index {
                     let text: String = row.get(1).map_err(&e)?;
                     state.refused = self.decode(&text)?;
                 }
+                "timing" => state.timing = Some(row.get(1).map_err(&e)?),
+                "segment" => {
+                    state.segment = from_sql(row.get(1).map_err(&e)?);
+                }
                 _ => {}
             }
         }
@@ -387,6 +430,23 @@ impl Index {
     /// Every open request as last saved.
     pub fn open_requests(&self) -> Result<Vec<Request>> {
         self.requests_where("SELECT data FROM requests WHERE open", [])
+    }
+
+    /// The open requests that ring or are escalated at or before `at` (milliseconds), by
+    /// the due times saved with them.
+    pub fn due_by(&self, at: i64) -> Result<Vec<Request>> {
+        self.requests_where(
+            "SELECT data FROM requests WHERE open AND due_at <= ?1",
+            [at],
+        )
+    }
+
+    /// The earliest saved due time of an open request.
+    pub fn first_due(&self) -> Result<Option<i64>> {
+        self.conn()
+            .prepare_cached("SELECT min(due_at) FROM requests WHERE open")
+            .and_then(|mut s| s.query_row([], |r| r.get(0)))
+            .map_err(sql(&self.path))
     }
 
     /// Requests closed at or after `since` (milliseconds).
@@ -660,6 +720,17 @@ impl IndexWriter {
 
     fn create_tables(&mut self) -> Result<()> {
         let e = sql(&self.path);
+        // Nothing to do (and nothing written) when the tables are there.
+        let current: Option<i64> = self
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = 'version'", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .unwrap_or(None);
+        if current == Some(VERSION) {
+            return Ok(());
+        }
         let tx = self.conn.transaction().map_err(&e)?;
         tx.execute_batch(SCHEMA).map_err(&e)?;
         let version: Option<i64> = tx
@@ -761,15 +832,18 @@ impl IndexWriter {
             }
             let mut insert = tx
                 .prepare_cached(
-                    "INSERT OR REPLACE INTO requests(id, open, closed_at, data) VALUES (?1, ?2, ?3, ?4)",
+                    "INSERT OR REPLACE INTO requests(id, open, due_at, closed_at, data) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
                 )
                 .map_err(&e)?;
             for r in &changes.requests {
                 let data = serde_json::to_string(r).expect("a request always serialises");
+                let due_at = changes.timing.as_ref().and_then(|t| t.due_at(r));
                 insert
                     .execute(params![
                         r.id,
                         r.is_open(),
+                        due_at,
                         r.closed_at.map(|t| t.timestamp_millis()),
                         data
                     ])
@@ -810,6 +884,11 @@ impl IndexWriter {
                 let data = serde_json::to_string(refused).expect("counts always serialise");
                 meta.execute(params!["refused", data]).map_err(&e)?;
             }
+            if let Some(timing) = &changes.timing {
+                meta.execute(params!["timing", timing.key()]).map_err(&e)?;
+            }
+            meta.execute(params!["segment", to_sql(changes.segment)])
+                .map_err(&e)?;
             meta.execute(params!["journal_len", to_sql(changes.journal_len)])
                 .map_err(&e)?;
         }

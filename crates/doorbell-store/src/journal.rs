@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fault::Guarded;
 use crate::hash::Marker;
-use crate::index::{Changes, Index, IndexArchive, MessageRow, OtherRow};
+use crate::index::{Changes, Index, IndexArchive, MessageRow, OtherRow, Timing};
 use crate::reader::{Line, LineReader};
 use crate::{Bridge, Error, Result};
 
@@ -241,9 +241,14 @@ pub struct Snapshot {
     pub intents: BTreeMap<String, Intent>,
     /// Refusals whose sender has not been told yet, by `inbox/gen/offset`.
     pub untold: BTreeMap<String, RefusedLine>,
-    /// Where the last complete record ends.
+    /// The live journal segment (see `segments`), and where its last complete record ends.
+    pub segment: u64,
     pub journal_len: u64,
+    /// What the index's due times were computed with (`Timing::key`).
+    pub timing: Option<String>,
     index: Option<Arc<Index>>,
+    /// The live journal file a reader replayed to its end: where following it goes on.
+    journal: Option<File>,
     pending: Pending,
 }
 
@@ -272,7 +277,9 @@ impl Snapshot {
             refused: open.refused,
             intents: open.intents,
             untold: open.untold,
+            segment: open.segment,
             journal_len: open.journal_len,
+            timing: open.timing,
             index: Some(index),
             ..Snapshot::default()
         })
@@ -336,11 +343,12 @@ impl Snapshot {
 
     /// Everything that changed since the last call, to be saved in the index. Memory keeps
     /// what lookups need until [`Snapshot::saved`] says the index has it.
-    pub fn take_changes(&mut self) -> Changes {
+    pub fn take_changes(&mut self, timing: &Timing) -> Changes {
         let ledger = self.ledger.take_changes();
         let pending = std::mem::take(&mut self.pending);
         Changes {
             seq: ledger.seq,
+            segment: self.segment,
             journal_len: self.journal_len,
             messages: pending.messages,
             others: pending.others,
@@ -357,6 +365,7 @@ impl Snapshot {
             intents: pending.intents.then(|| self.intents.clone()),
             untold: pending.untold.then(|| self.untold.clone()),
             refused: pending.refused.then(|| self.refused.clone()),
+            timing: Some(timing.clone()),
         }
     }
 
@@ -487,8 +496,40 @@ impl Snapshot {
         if let Some(index) = &index {
             index.begin_read()?;
         }
-        let snapshot = Snapshot::from_index(index)?;
-        Snapshot::replay(snapshot, &journal_path(bridge))
+        let mut snapshot = Snapshot::from_index(index)?;
+        let live = journal_path(bridge);
+        // The index says which segment its position is in. When that one was sealed and a
+        // new live file started since, the index covers all of it (a roll saves first), and
+        // what follows is the new live file, from its start.
+        let sealed = crate::segments::sealed_path(&state, snapshot.segment);
+        let rolled = snapshot.index.is_some()
+            && !crate::segments::same_file(&sealed, &live)
+            && crate::segments::list(&state)?
+                .iter()
+                .any(|s| s.number == snapshot.segment);
+        if rolled {
+            snapshot.segment += 1;
+            snapshot.journal_len = 0;
+        }
+        let file = match File::open(&live) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(snapshot),
+            Err(e) => return Err(Error::io("open journal", &live)(e)),
+        };
+        let mut snapshot =
+            Snapshot::replay_file(snapshot, &file, &live, &mut |_| {}, &mut |_| Ok(()))?;
+        snapshot.journal = Some(file);
+        Ok(snapshot)
+    }
+
+    /// Follow the journal from where this snapshot stopped reading it.
+    #[must_use]
+    pub fn follower(&self, path: PathBuf) -> JournalFollower {
+        let file = self.journal.as_ref().and_then(|f| f.try_clone().ok());
+        JournalFollower {
+            file,
+            ..JournalFollower::new(path, self.journal_len)
+        }
     }
 
     /// Whether a lookup of the index failed since it was opened (see
@@ -507,7 +548,7 @@ impl Snapshot {
     /// `between` may save (and so shrink) the snapshot between records, which it does only
     /// when memory has grown.
     pub fn replay_with(
-        mut snapshot: Snapshot,
+        snapshot: Snapshot,
         path: &Path,
         seen: &mut dyn FnMut(&Record),
         between: &mut dyn FnMut(&mut Snapshot) -> Result<()>,
@@ -517,9 +558,20 @@ impl Snapshot {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(snapshot),
             Err(e) => return Err(Error::io("open journal", path)(e)),
         };
+        Snapshot::replay_file(snapshot, &file, path, seen, between)
+    }
+
+    /// [`Snapshot::replay_with`] over an open journal `file` (named `path` in errors).
+    pub fn replay_file(
+        mut snapshot: Snapshot,
+        file: &File,
+        path: &Path,
+        seen: &mut dyn FnMut(&Record),
+        between: &mut dyn FnMut(&mut Snapshot) -> Result<()>,
+    ) -> Result<Snapshot> {
         let start = snapshot.journal_len;
         let mut number = 0u64;
-        let end = LineReader::new(1 << 26).read(&file, start, |line| {
+        let end = LineReader::new(1 << 26).read(file, start, |line| {
             number += 1;
             let Line::Complete { bytes, offset } = line else {
                 return Err(corrupt(path, number, "record too long".into()));
@@ -698,16 +750,21 @@ impl JournalWriter {
 #[derive(Debug)]
 pub struct JournalFollower {
     path: PathBuf,
+    /// The file being followed: the live journal when following began. When a roll replaces
+    /// it (nothing is appended to it after that), it is read to its end, then the new live
+    /// file from its start.
+    file: Option<File>,
     pos: u64,
     reader: LineReader,
 }
 
 impl JournalFollower {
-    /// Follow the journal from `pos` (the end of a complete record).
+    /// Follow the journal at `path` from `pos` (the end of a complete record).
     #[must_use]
     pub fn new(path: PathBuf, pos: u64) -> JournalFollower {
         JournalFollower {
             path,
+            file: None,
             pos,
             reader: LineReader::new(1 << 26),
         }
@@ -715,20 +772,39 @@ impl JournalFollower {
 
     /// Every complete record appended since the last call.
     pub fn read(&mut self, each: &mut dyn FnMut(Record)) -> Result<()> {
-        let file = match File::open(&self.path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(Error::io("open journal", &self.path)(e)),
-        };
-        let path = self.path.clone();
-        self.pos = self.reader.read(&file, self.pos, |line| -> Result<()> {
-            if let Line::Complete { bytes, .. } = line {
-                let record: Record =
-                    serde_json::from_slice(bytes).map_err(|e| corrupt(&path, 0, e.to_string()))?;
-                each(record);
+        loop {
+            if self.file.is_none() {
+                match File::open(&self.path) {
+                    Ok(file) => self.file = Some(file),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                    Err(e) => return Err(Error::io("open journal", &self.path)(e)),
+                }
             }
-            Ok(())
-        })?;
-        Ok(())
+            let file = self.file.as_ref().expect("opened just now");
+            let path = &self.path;
+            self.pos = self.reader.read(file, self.pos, |line| -> Result<()> {
+                if let Line::Complete { bytes, .. } = line {
+                    let record: Record = serde_json::from_slice(bytes)
+                        .map_err(|e| corrupt(path, 0, e.to_string()))?;
+                    each(record);
+                }
+                Ok(())
+            })?;
+            let following = file
+                .metadata()
+                .map(|m| (m.dev(), m.ino()))
+                .map_err(Error::io("stat journal", &self.path))?;
+            let at_path = match std::fs::metadata(&self.path) {
+                Ok(meta) => (meta.dev(), meta.ino()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(Error::io("stat journal", &self.path)(e)),
+            };
+            if at_path == following {
+                return Ok(());
+            }
+            // Rolled: the old file was read to its end; the new one starts at 0.
+            self.file = None;
+            self.pos = 0;
+        }
     }
 }

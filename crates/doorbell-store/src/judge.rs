@@ -153,6 +153,9 @@ pub struct Judge {
     saved_len: u64,
     /// Saves checkpoints on another thread, for a long-running judge.
     saver: Option<crate::checkpoint::Saver>,
+    /// Whether memory holds every open request (a long-running judge's, to ring them); a
+    /// short one asks the index for those due.
+    open_loaded: bool,
     limits: Limits,
     registry: Registry,
     /// Inboxes that exist as files: the stations a notice can reach.
@@ -190,6 +193,7 @@ impl Judge {
             journal_path,
             saved_len: snapshot.journal_len,
             saver: None,
+            open_loaded: false,
             snapshot,
             journal,
             refused_log,
@@ -226,7 +230,23 @@ impl Judge {
         // The open files stay: an old one not yet drained is compared with the reloaded
         // journal and drained from where it says.
         self.holds = 0;
+        if std::mem::take(&mut self.open_loaded) {
+            self.keep_open_in_memory()?;
+        }
         self.refresh_registry()
+    }
+
+    /// Bring every open request into memory and keep them there: a long-running judge rings
+    /// them without asking the index.
+    pub fn keep_open_in_memory(&mut self) -> Result<()> {
+        self.snapshot.load_open_requests()?;
+        self.open_loaded = true;
+        Ok(())
+    }
+
+    /// What the due times in the index are computed with.
+    fn timing(&self) -> crate::index::Timing {
+        timing_of(&self.bridge)
     }
 
     /// A flag that, once set, makes the current and every later sweep stop at the next line
@@ -254,7 +274,13 @@ impl Judge {
 
     /// Use a new config (after a validated reload). Only lines judged from now on see it.
     pub fn set_config(&mut self, config: crate::Config) -> Result<()> {
+        let before = self.timing();
         self.bridge.config = config;
+        if self.timing() != before {
+            // Every open request's saved due time is now wrong: save them all again.
+            self.keep_open_in_memory()?;
+            self.snapshot.ledger.touch_open();
+        }
         self.limits = Limits {
             max_line_bytes: self.bridge.max_line_bytes(),
         };
@@ -459,15 +485,42 @@ impl Judge {
             .collect()
     }
 
-    /// When the doorbell next has something to ring or escalate, if ever.
+    /// When the doorbell next has something to ring or escalate, if ever. Without every
+    /// open request in memory, the index's earliest due time counts too (it may be one since
+    /// answered: an early look finds nothing due, never a late one).
     #[must_use]
     pub fn next_due(&self) -> Option<DateTime<Utc>> {
-        self.due_items().into_iter().map(|(_, at, _)| at).min()
+        let in_memory = self.due_items().into_iter().map(|(_, at, _)| at).min();
+        if self.open_loaded {
+            return in_memory;
+        }
+        let saved = self
+            .snapshot
+            .index()
+            .and_then(|index| index.first_due().ok().flatten())
+            .and_then(DateTime::from_timestamp_millis);
+        match (in_memory, saved) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Bring the open requests due by `now` into memory, when not all of them are.
+    fn load_due(&mut self, now: DateTime<Utc>) -> Result<()> {
+        if self.open_loaded {
+            return Ok(());
+        }
+        if let Some(index) = self.snapshot.index() {
+            let due = index.due_by(now.timestamp_millis())?;
+            self.snapshot.ledger.load(due);
+        }
+        Ok(())
     }
 
     /// Journal the intent of every ring and escalation due at `now`: at most one per debt, so
     /// after a downtime each debt gets one late ring, not a burst.
     fn intend_rings(&mut self, now: DateTime<Utc>) -> Result<()> {
+        self.load_due(now)?;
         let max_rings = self.bridge.config.debts.max_rings;
         let human = self.bridge.config.human.clone();
         for (id, at, due) in self.due_items() {
@@ -598,7 +651,7 @@ impl Judge {
                 (self.journal.file()?, self.journal_path.clone()),
                 (self.refused_log.file()?, refused_path),
             ],
-            changes: self.snapshot.take_changes(),
+            changes: self.snapshot.take_changes(&self.timing()),
             index_path: crate::index::index_path(
                 self.journal_path
                     .parent()
@@ -610,6 +663,40 @@ impl Judge {
     /// The index holds change set `seq`: memory lets go of what it holds.
     pub fn saved(&mut self, seq: u64) {
         self.snapshot.saved(seq);
+    }
+
+    /// Seal the live journal as a segment and start the next one empty (see `segments`):
+    /// only once everything journaled is saved in the index.
+    pub fn roll(&mut self) -> Result<()> {
+        self.checkpoint()?;
+        let state = self.bridge.state_dir()?;
+        let segment = self.snapshot.segment;
+        crate::segments::seal(&state, &self.journal_path, segment)?;
+        let next = crate::index::Changes {
+            segment: segment + 1,
+            journal_len: 0,
+            ..crate::index::Changes::default()
+        };
+        self.index.save(&next)?;
+        // From here the live file is the sealed one until it is replaced: a judge that dies
+        // now finishes the roll when it starts.
+        self.journal.abandon();
+        crate::segments::start_empty(&self.journal_path)?;
+        self.journal = JournalWriter::open(&self.journal_path, 0)?;
+        self.snapshot.segment = segment + 1;
+        self.snapshot.journal_len = 0;
+        self.saved_len = 0;
+        tracing::info!(segment, "sealed a journal segment");
+        Ok(())
+    }
+
+    /// Roll the journal once the live segment is over `bytes`.
+    pub fn roll_if_over(&mut self, bytes: u64) -> Result<bool> {
+        if self.journal.len() < bytes {
+            return Ok(false);
+        }
+        self.roll()?;
+        Ok(true)
     }
 
     /// How far the journal has grown since the last checkpoint.
@@ -1078,6 +1165,45 @@ impl Judge {
     }
 }
 
+/// Become the judge for a moment: judge everything waiting, write what is due, save, let go.
+/// What `daemon --once` does.
+pub fn once(bridge: Bridge, lock: BridgeLock) -> Result<CatchUp> {
+    let mut judge = Judge::open(bridge, lock)?;
+    let stats = judge.catch_up(Utc::now())?;
+    judge.checkpoint()?;
+    Ok(stats)
+}
+
+/// What `compact` did.
+#[derive(Debug, Default)]
+pub struct Compaction {
+    /// The segment sealed, when no other judge ran.
+    pub sealed: Option<u64>,
+    pub compressed: crate::segments::Compacted,
+}
+
+/// Seal the live journal (when no other judge holds the bridge: a running daemon seals its
+/// own), then compress every sealed segment below the live one.
+pub fn compact(bridge: &Bridge) -> Result<Compaction> {
+    let state = bridge.state_dir()?;
+    let mut done = Compaction::default();
+    let live = match BridgeLock::try_acquire(bridge, "doorbell compact")? {
+        Some(lock) => {
+            let mut judge = Judge::open(bridge.clone(), lock)?;
+            judge.catch_up(Utc::now())?;
+            let sealed = judge.snapshot.segment;
+            if !judge.journal.is_empty() {
+                judge.roll()?;
+                done.sealed = Some(sealed);
+            }
+            judge.snapshot.segment
+        }
+        None => Snapshot::load(bridge)?.segment,
+    };
+    done.compressed = crate::segments::compress_below(&state, live)?;
+    Ok(done)
+}
+
 /// The judge's state as the disk has it.
 struct Loaded {
     snapshot: Snapshot,
@@ -1109,8 +1235,9 @@ fn load_from_index(
     let state = bridge.state_dir()?;
     let index_path = crate::index::index_path(&state);
     let (mut writer, fresh) = crate::checkpoint::open_index(&index_path)?;
-    let journal_size = std::fs::metadata(journal_path).map_or(0, |m| m.len());
     let mut snapshot = open_snapshot(&index_path)?;
+    finish_roll(&state, journal_path, snapshot.segment)?;
+    let journal_size = std::fs::metadata(journal_path).map_or(0, |m| m.len());
     if snapshot.journal_len > journal_size {
         return Err(Error::Index {
             path: index_path,
@@ -1121,6 +1248,7 @@ fn load_from_index(
         });
     }
     let tail_from = snapshot.journal_len;
+    let timing = timing_of(bridge);
     if fresh && journal_size > 0 && !rebuilding {
         if crate::checkpoint::OLD_FILES
             .iter()
@@ -1137,6 +1265,9 @@ fn load_from_index(
             .and_then(|f| f.sync_data())
             .map_err(Error::io("sync journal", journal_path))?;
     }
+    if fresh {
+        snapshot = replay_sealed(snapshot, &state, journal_path, &timing, &mut writer)?;
+    }
     // Only refusals journaled after the last save can be missing from the refused log (a
     // crash between the two writes), so only their keys are looked for in it: memory
     // follows the journal's unsaved tail, never every refusal there ever was.
@@ -1150,19 +1281,28 @@ fn load_from_index(
             }
         },
         &mut |snapshot| {
-            let changes = snapshot.take_changes();
+            let changes = snapshot.take_changes(&timing);
             writer.save(&changes)?;
             snapshot.saved(changes.seq);
             Ok(())
         },
     )?;
     if fresh {
-        let changes = snapshot.take_changes();
+        let changes = snapshot.take_changes(&timing);
         writer.save(&changes)?;
         snapshot.saved(changes.seq);
+        snapshot.timing = Some(timing.key());
         crate::checkpoint::retire_old(&state);
     }
-    snapshot.load_open_requests()?;
+    if snapshot.timing.as_deref() != Some(timing.key().as_str()) {
+        // The due times were saved with another schedule (or none yet): save them again.
+        snapshot.load_open_requests()?;
+        snapshot.ledger.touch_open();
+        let changes = snapshot.take_changes(&timing);
+        writer.save(&changes)?;
+        snapshot.saved(changes.seq);
+        snapshot.timing = Some(timing.key());
+    }
     let mut refused_log = RefusedLog::open(&state, &tail)?;
     if !tail.is_empty() {
         drop(tail);
@@ -1177,6 +1317,68 @@ fn load_from_index(
         refused_log,
         index: writer,
     })
+}
+
+/// Step 3 of a roll that died before it: the index already names the next segment, but the
+/// live file is still the sealed one. Replace it with an empty one.
+fn finish_roll(state: &std::path::Path, live: &std::path::Path, segment: u64) -> Result<()> {
+    let Some(previous) = segment.checked_sub(1) else {
+        return Ok(());
+    };
+    if crate::segments::same_file(&crate::segments::sealed_path(state, previous), live) {
+        tracing::warn!(
+            segment = previous,
+            "finishing a journal roll that stopped half way"
+        );
+        crate::segments::start_empty(live)?;
+    }
+    Ok(())
+}
+
+/// A new index is built from every sealed segment first, oldest first, saving as it goes;
+/// the live journal (the next segment) is replayed after, as a tail.
+fn replay_sealed(
+    mut snapshot: Snapshot,
+    state: &std::path::Path,
+    live: &std::path::Path,
+    timing: &crate::index::Timing,
+    writer: &mut IndexWriter,
+) -> Result<Snapshot> {
+    for sealed in crate::segments::list(state)? {
+        // A roll that stopped after its first step: that segment is the live one.
+        if !sealed.compressed && crate::segments::same_file(&sealed.path, live) {
+            snapshot.segment = sealed.number;
+            snapshot.journal_len = 0;
+            break;
+        }
+        tracing::info!(segment = sealed.number, path = %sealed.path.display(), "building the index: replaying a sealed journal segment");
+        let (file, _unpacked) = crate::segments::open(&sealed)?;
+        snapshot.segment = sealed.number;
+        snapshot.journal_len = 0;
+        let mut save = |snapshot: &mut Snapshot| -> Result<()> {
+            let changes = snapshot.take_changes(timing);
+            writer.save(&changes)?;
+            snapshot.saved(changes.seq);
+            Ok(())
+        };
+        snapshot = Snapshot::replay_file(snapshot, &file, &sealed.path, &mut |_| {}, &mut save)?;
+        save(&mut snapshot)?;
+        snapshot.segment = sealed.number + 1;
+        snapshot.journal_len = 0;
+    }
+    Ok(snapshot)
+}
+
+fn timing_of(bridge: &Bridge) -> crate::index::Timing {
+    let debts = &bridge.config.debts;
+    crate::index::Timing {
+        schedule: Schedule {
+            ring_after: debts.ring_after,
+            backoff: debts.backoff,
+            max_rings: debts.max_rings,
+        },
+        human: bridge.config.human.clone(),
+    }
 }
 
 fn open_snapshot(index_path: &std::path::Path) -> Result<Snapshot> {

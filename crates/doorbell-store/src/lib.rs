@@ -25,6 +25,7 @@ pub mod lock;
 pub mod reader;
 pub mod refused;
 pub mod reports;
+pub mod segments;
 pub mod view;
 
 pub use bridge::Bridge;

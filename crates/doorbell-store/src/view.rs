@@ -94,7 +94,7 @@ impl View {
                     bridge: bridge.clone(),
                     snapshot: judge.into_snapshot(),
                     judge: None,
-                    open_loaded: true,
+                    open_loaded: false,
                     caught_up,
                 })
             }
