@@ -5,7 +5,6 @@ mod agent;
 mod args;
 mod check;
 mod daemon;
-mod events;
 mod exit;
 mod output;
 mod read;

@@ -12,7 +12,7 @@ use anyhow::Context;
 use chrono::Utc;
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor::{self, Position};
-use doorbell_store::reader::{Line, LineReader};
+use doorbell_store::reader::LineReader;
 use doorbell_store::view::{envelope_of, InboxView};
 use serde_json::value::RawValue;
 
@@ -69,13 +69,7 @@ pub fn print_accepted(
 ) -> anyhow::Result<Printed> {
     let Inbox { agent, path, file } = *inbox;
     let now = Utc::now();
-    let result = reader.read(file, from, |line| -> Result<(), Stop> {
-        let Line::Complete { offset, bytes } = line else {
-            return Ok(());
-        };
-        if !journal.is_accepted(offset) {
-            return Ok(());
-        }
+    let result = journal.accepted_lines(file, from, reader, |offset, bytes| -> Result<(), Stop> {
         let Some(envelope) = envelope_of(bytes) else {
             // Accepted bytes always parse; these changed under us.
             return Err(Stop::Failed(anyhow::anyhow!(
@@ -104,15 +98,15 @@ pub fn print_accepted(
             other => Ok(other?),
         }
     });
-    match result {
-        Ok(_) => {}
+    let upto = match result {
+        Ok(upto) => upto,
         Err(Stop::ClosedPipe) => return Ok(Printed::ClosedPipe),
         Err(Stop::Failed(e)) => return Err(e),
-    }
+    };
     match out.flush() {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(Printed::ClosedPipe),
         Err(e) => Err(e).context("writing to stdout"),
-        Ok(()) => Ok(Printed::Upto(journal.journal.judged_to.max(from))),
+        Ok(()) => Ok(Printed::Upto(upto)),
     }
 }
 

@@ -3,12 +3,9 @@
 //! person should act on.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
 
 use chrono::{DateTime, Utc};
-use doorbell_store::append::open_inbox;
-use doorbell_store::reader::{Line, LineReader};
-use doorbell_store::{cursor, Bridge, View};
+
 use serde::Serialize;
 
 use crate::args::StatusArgs;
@@ -38,27 +35,6 @@ struct Status {
     warnings: Vec<String>,
 }
 
-/// Accepted lines between the agent's cursor and where judging stopped.
-fn unread(bridge: &Bridge, view: &View, agent: &str) -> anyhow::Result<u64> {
-    let inbox = open_inbox(&bridge.inbox_path(agent)?, false)?;
-    let meta = inbox.metadata()?;
-    let from = cursor::load(bridge, agent, &inbox)?.offset();
-    let Some(journal) = view.inbox(agent, from)? else {
-        return Ok(0);
-    };
-    if (meta.dev(), meta.ino()) != (journal.journal.dev, journal.journal.ino) {
-        return Ok(0);
-    }
-    let mut count = 0;
-    LineReader::new(bridge.max_line_bytes()).read(&inbox, from, |line| -> std::io::Result<()> {
-        if let Line::Complete { offset, .. } = line {
-            count += u64::from(journal.is_accepted(offset));
-        }
-        Ok(())
-    })?;
-    Ok(count)
-}
-
 pub fn run(session: &Session, args: &StatusArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let mut view = crate::session::view(&bridge)?;
@@ -86,7 +62,7 @@ pub fn run(session: &Session, args: &StatusArgs) -> anyhow::Result<i32> {
     }
     for agent in agents.values_mut().filter(|a| a.has_inbox) {
         if let Some(journal) = view.inboxes().get(&agent.name) {
-            agent.unread = unread(&bridge, &view, &agent.name)?;
+            agent.unread = view.unread(&agent.name)?;
             agent.last_activity = DateTime::from_timestamp_millis(journal.last_accepted_at)
                 .filter(|_| journal.last_accepted_at > 0)
                 .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));

@@ -10,9 +10,9 @@ use doorbell_core::State;
 use serde_json::value::RawValue;
 
 use crate::args::WaitArgs;
-use crate::events::{judge_if_idle, Events, GRACE};
 use crate::exit::{refused, OK};
 use crate::session::{view, Session};
+use doorbell_daemon::waiter::{judge_if_idle, Events, GRACE};
 
 /// `wait` gave up.
 pub const TIMED_OUT: i32 = 124;

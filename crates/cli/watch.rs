@@ -11,10 +11,10 @@ use doorbell_store::reader::LineReader;
 use doorbell_store::view::InboxView;
 
 use crate::args::WatchArgs;
-use crate::events::{judge_if_idle, Events};
 use crate::exit::OK;
 use crate::read::{print_accepted, warn_replaced, Inbox, Printed};
 use crate::session::{view, Session};
+use doorbell_daemon::waiter::{judge_if_idle, Events};
 
 pub fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;

@@ -8,6 +8,7 @@
 
 mod hooks;
 mod judging;
+pub mod waiter;
 mod watcher;
 
 use std::future::Future;
@@ -34,6 +35,8 @@ pub enum Error {
     },
     #[error("setting up signals: {0}")]
     Signals(#[source] std::io::Error),
+    #[error("starting a thread: {0}")]
+    Thread(#[source] std::io::Error),
     #[error("the judging thread stopped unexpectedly")]
     JudgeGone,
 }

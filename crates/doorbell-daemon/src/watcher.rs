@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::mpsc::Sender;
 
 use doorbell_store::bridge::inbox_name;
+use doorbell_store::journal::JOURNAL_FILE;
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 
 use crate::{Error, Input};
@@ -16,7 +17,7 @@ use crate::{Error, Input};
 /// Start watching `dir`; the watch lasts as long as the returned watcher.
 pub fn watch(dir: &Path, inputs: Sender<Input>) -> Result<RecommendedWatcher, Error> {
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        for input in hints(event) {
+        for input in hints(&event) {
             // The judge is gone when sending fails; nothing left to tell.
             let _ = inputs.send(input);
         }
@@ -46,38 +47,81 @@ pub fn watch(dir: &Path, inputs: Sender<Input>) -> Result<RecommendedWatcher, Er
     Ok(watcher)
 }
 
-/// The hints one event gives.
-pub fn hints(event: notify::Result<notify::Event>) -> Vec<Input> {
-    let event = match event {
-        Ok(event) => event,
-        Err(error) => {
-            tracing::warn!(%error, "file watcher error: sweeping every inbox");
-            return vec![Input::Rescan];
-        }
+/// What one file event says, for the daemon and for waiters alike.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Nothing,
+    /// Inboxes changed (by name).
+    Inbox(Vec<String>),
+    /// The journal grew, or a new live journal took its place.
+    Journal,
+    /// A daily report was written.
+    Reports,
+    /// Events were lost, or the watcher failed: look at everything.
+    Rescan,
+}
+
+/// Classify one event. Reads (the daemon's own, a waiter's) say nothing.
+pub fn change(event: &notify::Result<notify::Event>) -> Change {
+    let Ok(event) = event else {
+        return Change::Rescan;
     };
     if event.need_rescan() {
-        tracing::warn!("file events were lost (inotify overflow): sweeping every inbox");
-        return vec![Input::Rescan];
+        return Change::Rescan;
     }
     if matches!(event.kind, EventKind::Access(_)) {
-        return Vec::new();
+        return Change::Nothing;
     }
-    event
-        .paths
-        .iter()
-        .filter_map(|path| {
-            let name = path.file_name()?.to_str()?;
-            let in_reports = path
+    let mut inboxes = Vec::new();
+    let mut journal = false;
+    let mut reports = false;
+    for path in &event.paths {
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let in_reports = path
+            .parent()
+            .and_then(Path::file_name)
+            .is_some_and(|p| p == doorbell_store::reports::REPORTS_DIR);
+        if in_reports {
+            reports |= Path::new(name).extension().is_some_and(|e| e == "md");
+        } else if let Some(inbox) = inbox_name(name) {
+            inboxes.push(inbox.to_owned());
+        } else if name == JOURNAL_FILE
+            && path
                 .parent()
                 .and_then(Path::file_name)
-                .is_some_and(|p| p == doorbell_store::reports::REPORTS_DIR);
-            if in_reports {
-                let report = Path::new(name).extension().is_some_and(|e| e == "md");
-                return report.then_some(Input::Reports);
+                .is_some_and(|p| p == doorbell_store::bridge::STATE_DIR)
+        {
+            journal = true;
+        }
+    }
+    if !inboxes.is_empty() {
+        Change::Inbox(inboxes)
+    } else if journal {
+        Change::Journal
+    } else if reports {
+        Change::Reports
+    } else {
+        Change::Nothing
+    }
+}
+
+/// The hints one event gives the judge.
+pub fn hints(event: &notify::Result<notify::Event>) -> Vec<Input> {
+    match change(event) {
+        Change::Rescan => {
+            if let Err(error) = event {
+                tracing::warn!(%error, "file watcher error: sweeping every inbox");
+            } else {
+                tracing::warn!("file events were lost (inotify overflow): sweeping every inbox");
             }
-            inbox_name(name).map(|name| Input::Inbox(name.to_owned()))
-        })
-        .collect()
+            vec![Input::Rescan]
+        }
+        Change::Inbox(names) => names.into_iter().map(Input::Inbox).collect(),
+        Change::Reports => vec![Input::Reports],
+        Change::Nothing | Change::Journal => Vec::new(),
+    }
 }
 
 #[cfg(test)]
@@ -103,25 +147,25 @@ mod tests {
             .add_path("/b/web-inbox.jsonl".into())
             .add_path("/b/web-inbox.cursor".into())
             .add_path("/b/notes.txt".into());
-        assert_eq!(names(&hints(Ok(event))), ["web"]);
+        assert_eq!(names(&hints(&Ok(event))), ["web"]);
         let create =
             Event::new(EventKind::Create(CreateKind::File)).add_path("/b/new-inbox.jsonl".into());
-        assert_eq!(names(&hints(Ok(create))), ["new"]);
+        assert_eq!(names(&hints(&Ok(create))), ["new"]);
     }
 
     #[test]
     fn the_daemons_own_reads_wake_nobody() {
         let open =
             Event::new(EventKind::Access(AccessKind::Any)).add_path("/b/web-inbox.jsonl".into());
-        assert!(hints(Ok(open)).is_empty());
+        assert!(hints(&Ok(open)).is_empty());
     }
 
     #[test]
     fn overflow_and_errors_mean_a_full_sweep() {
         let overflow = Event::new(EventKind::Other).set_flag(Flag::Rescan);
-        assert_eq!(names(&hints(Ok(overflow))), ["<rescan>"]);
+        assert_eq!(names(&hints(&Ok(overflow))), ["<rescan>"]);
         assert_eq!(
-            names(&hints(Err(notify::Error::generic("boom")))),
+            names(&hints(&Err(notify::Error::generic("boom")))),
             ["<rescan>"]
         );
     }

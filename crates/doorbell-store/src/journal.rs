@@ -46,10 +46,43 @@ pub enum Word {
     Intent,
 }
 
-/// One journal line. Keys are short because there is one record per message; `doorbell
-/// show` and `--json` outputs spell things out for people.
+/// The version of [`Record`] this doorbell writes. A record says its version only when it is
+/// not 1 (the first), so the one record per message stays short; a record of a version this
+/// doorbell does not know is an error, never half read.
+pub const RECORD_VERSION: u32 = 1;
+
+fn first_version() -> u32 {
+    1
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_first_version(version: &u32) -> bool {
+    *version == 1
+}
+
+fn known_version<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<u32, D::Error> {
+    let version = u32::deserialize(d)?;
+    if version > RECORD_VERSION {
+        return Err(serde::de::Error::custom(format!(
+            "a journal record of version {version}, written by a newer doorbell (this one reads up to {RECORD_VERSION})"
+        )));
+    }
+    Ok(version)
+}
+
+/// One journal line: the journal's one entry type, read and written only through this (the
+/// encoder in `journal_json.rs` writes the common shapes of it byte for byte as `serde_json`
+/// would). Keys are short because there is one record per message; `doorbell show` and
+/// `--json` outputs spell things out for people.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
+    #[serde(
+        rename = "ver",
+        default = "first_version",
+        skip_serializing_if = "is_first_version",
+        deserialize_with = "known_version"
+    )]
+    pub version: u32,
     #[serde(rename = "in")]
     pub inbox: String,
     #[serde(rename = "g", default, skip_serializing_if = "is_zero")]
@@ -117,6 +150,7 @@ impl Record {
     #[must_use]
     pub fn new(inbox: &str, gen: u32, offset: u64, verdict: Word, seen_at: i64) -> Record {
         Record {
+            version: RECORD_VERSION,
             inbox: inbox.to_owned(),
             gen,
             offset,

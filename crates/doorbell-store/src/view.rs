@@ -22,6 +22,7 @@ use doorbell_core::{
 use crate::append::open_inbox;
 use crate::index::{MessageRow, OtherRow};
 use crate::journal::{journal_path, InboxJournal, JournalFollower, Record, Snapshot, Word};
+use crate::reader::{Line, LineReader};
 use crate::{Bridge, BridgeLock, CatchUp, Judge, Result};
 
 /// An open view of the bridge, caught up as of when it was opened.
@@ -342,6 +343,29 @@ impl View {
         }))
     }
 
+    /// How many accepted lines wait past `agent`'s cursor.
+    pub fn unread(&self, agent: &str) -> Result<u64> {
+        let path = self.bridge.inbox_path(agent)?;
+        let file = open_inbox(&path, false)?;
+        let meta = file
+            .metadata()
+            .map_err(crate::Error::io("stat inbox", &path))?;
+        let from = crate::cursor::load(&self.bridge, agent, &file)?.offset();
+        let Some(inbox) = self.inbox(agent, from)? else {
+            return Ok(0);
+        };
+        if (meta.dev(), meta.ino()) != (inbox.journal.dev, inbox.journal.ino) {
+            return Ok(0);
+        }
+        let mut count = 0;
+        let mut reader = LineReader::new(self.bridge.max_line_bytes());
+        inbox.accepted_lines(&file, from, &mut reader, |_, _| -> Result<()> {
+            count += 1;
+            Ok(())
+        })?;
+        Ok(count)
+    }
+
     /// What was sent and refused since `since`.
     pub fn activity(&self, since: DateTime<Utc>) -> Result<Activity> {
         let since = since.timestamp_millis();
@@ -459,6 +483,23 @@ impl InboxView {
     #[must_use]
     pub fn is_accepted(&self, offset: u64) -> bool {
         offset < self.journal.judged_to && !self.not_accepted.contains(&offset)
+    }
+
+    /// Each accepted line of `file` (this inbox's file) from `from` on, with its offset, in
+    /// order; `each`'s first error stops the reading. Returns where judging stopped: how far
+    /// a cursor may move once every line was shown.
+    pub fn accepted_lines<E: From<std::io::Error>>(
+        &self,
+        file: &File,
+        from: u64,
+        reader: &mut LineReader,
+        mut each: impl FnMut(u64, &[u8]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<u64, E> {
+        reader.read(file, from, |line| match line {
+            Line::Complete { offset, bytes } if self.is_accepted(offset) => each(offset, bytes),
+            _ => Ok(()),
+        })?;
+        Ok(self.journal.judged_to.max(from))
     }
 
     fn apply(&mut self, record: &Record) {

@@ -1,8 +1,9 @@
-//! Waiting for the bridge to change, without polling: one `notify` watch on the bridge folder
-//! (inboxes) and one on `.doorbell/` (the journal). Only writes to inboxes and the journal
-//! wake a waiter; reads (our own included) and cursor files do not. A write to an inbox wakes
-//! it only when no judge holds the lock: a running judge will journal the line, and that wakes
-//! it then, without a useless turn on the way.
+//! Waiting for the bridge to change, for a process that is not the judge (`watch`, `wait`),
+//! without polling: one `notify` watch on the bridge folder (inboxes) and one on `.doorbell/`
+//! (the journal). Events are classified by the same `watcher::change` the daemon uses. Only
+//! writes to inboxes and the journal wake a waiter; reads (our own included) and cursor files
+//! do not. A write to an inbox wakes it only when no judge holds the lock: a running judge
+//! will journal the line, and that wakes it then, without a useless turn on the way.
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,53 +11,17 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use doorbell_store::bridge::inbox_name;
-use doorbell_store::journal::JOURNAL_FILE;
 use doorbell_store::Bridge;
-use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+
+use crate::watcher::{change, Change};
+use crate::Error;
 
 pub struct Events {
     _watcher: RecommendedWatcher,
     wakes: Receiver<()>,
     /// An inbox changed while no judge held the lock, since the last wait.
     unjudged: Arc<AtomicBool>,
-}
-
-/// What an event says.
-#[derive(Debug, PartialEq, Eq)]
-enum Change {
-    Nothing,
-    /// The journal grew.
-    Journal,
-    /// An inbox changed, or events were lost.
-    Inbox,
-}
-
-fn change(event: &notify::Result<notify::Event>) -> Change {
-    let Ok(event) = event else {
-        return Change::Inbox;
-    };
-    if event.need_rescan() {
-        return Change::Inbox;
-    }
-    if matches!(event.kind, EventKind::Access(_)) {
-        return Change::Nothing;
-    }
-    let names = event
-        .paths
-        .iter()
-        .filter_map(|path| path.file_name().and_then(|n| n.to_str()));
-    let mut change = Change::Nothing;
-    for name in names {
-        if inbox_name(name).is_some() {
-            return Change::Inbox;
-        }
-        if name == JOURNAL_FILE {
-            change = Change::Journal;
-        }
-    }
-    change
 }
 
 /// Whether a judge holds the bridge lock right now. Probed with a shared lock that is let go
@@ -79,7 +44,7 @@ fn after_the_judge(
     bridge: &Bridge,
     wake: Sender<()>,
     unjudged: Arc<AtomicBool>,
-) -> anyhow::Result<Sender<()>> {
+) -> Result<Sender<()>, Error> {
     let (lock, _) = doorbell_store::lock::lock_file(bridge)?;
     let (recheck, asked) = channel::<()>();
     std::thread::Builder::new()
@@ -96,13 +61,13 @@ fn after_the_judge(
                 }
             }
         })
-        .context("starting a thread")?;
+        .map_err(Error::Thread)?;
     Ok(recheck)
 }
 
 impl Events {
     /// Start watching before reading anything, so no change between the two is missed.
-    pub fn new(bridge: &Bridge) -> anyhow::Result<Events> {
+    pub fn new(bridge: &Bridge) -> Result<Events, Error> {
         let (tx, wakes) = channel();
         let state = bridge.state_dir()?;
         let (lock, _) = doorbell_store::lock::lock_file(bridge)?;
@@ -112,16 +77,16 @@ impl Events {
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
                 let wake = match change(&event) {
-                    Change::Nothing => false,
+                    Change::Nothing | Change::Reports => false,
                     Change::Journal => true,
-                    Change::Inbox if judge_running(&lock) => {
+                    Change::Inbox(_) | Change::Rescan if judge_running(&lock) => {
                         // The judge holding the lock may not be the one that reads this
                         // write (a command's catch-up that passed this inbox, a daemon
                         // stopping): look again once it lets go.
                         let _ = recheck.send(());
                         false
                     }
-                    Change::Inbox => {
+                    Change::Inbox(_) | Change::Rescan => {
                         flag.store(true, Ordering::Relaxed);
                         true
                     }
@@ -130,11 +95,17 @@ impl Events {
                     let _ = tx.send(());
                 }
             })
-            .context("starting a file watcher")?;
+            .map_err(|source| Error::Watch {
+                dir: bridge.dir().to_path_buf(),
+                source,
+            })?;
         for dir in [bridge.dir(), state.as_path()] {
             watcher
                 .watch(dir, RecursiveMode::NonRecursive)
-                .with_context(|| format!("watching {}", dir.display()))?;
+                .map_err(|source| Error::Watch {
+                    dir: dir.to_path_buf(),
+                    source,
+                })?;
         }
         Ok(Events {
             _watcher: watcher,
@@ -168,8 +139,8 @@ impl Events {
 }
 
 /// When no judge runs, judge what is waiting, as `daemon --once` would, and step aside.
-pub fn judge_if_idle(bridge: &Bridge) -> anyhow::Result<()> {
-    drop(crate::session::view(bridge)?);
+pub fn judge_if_idle(bridge: &Bridge) -> Result<(), Error> {
+    drop(doorbell_store::View::open(bridge)?);
     Ok(())
 }
 
