@@ -76,8 +76,10 @@ pub fn run(
     arrivals: &UnboundedSender<(String, Arrival)>,
     ready: impl FnOnce(&Ready),
 ) -> doorbell_store::Result<()> {
-    // A long-running judge rings from memory: every open request is there.
+    // A long-running judge rings from memory: every open request is there. Its saves run
+    // on their own thread from the start, the start-up catch-up's included.
     judge.keep_open_in_memory()?;
+    judge.save_in_background();
     // Read every inbox to its end, and the journal, before emitting anything.
     let stats = match judge.catch_up(Utc::now()) {
         Err(doorbell_store::Error::Interrupted) => return judge.checkpoint(),
@@ -91,7 +93,6 @@ pub fn run(
         judged: stats.judged(),
     });
     let mut due = Deadlines::default();
-    judge.save_in_background();
     loop {
         let mut batch = receive(&judge, inputs, &due);
         if batch.stop {

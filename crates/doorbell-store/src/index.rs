@@ -255,6 +255,9 @@ pub struct Index {
     path: PathBuf,
     /// Set when a lookup found the file damaged: the judge must not act on what it read.
     damaged: std::sync::atomic::AtomicBool,
+    /// Whether lookups hold one read transaction until [`Index::release`]: taking `SQLite`'s
+    /// locks once per line was a fifth of a catch-up.
+    hold: std::sync::atomic::AtomicBool,
 }
 
 impl Index {
@@ -279,10 +282,15 @@ impl Index {
         .map_err(sql(path))?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(sql(path))?;
+        // A catch-up asks the index once per line: the pages it walks stay in memory (up to
+        // 16 MiB, allocated only as they are read).
+        conn.execute_batch("PRAGMA cache_size = -16384")
+            .map_err(sql(path))?;
         let index = Index {
             conn: Mutex::new(conn),
             path: path.to_path_buf(),
             damaged: std::sync::atomic::AtomicBool::new(false),
+            hold: std::sync::atomic::AtomicBool::new(false),
         };
         index.check_version()?;
         Ok(Some(index))
@@ -335,6 +343,30 @@ impl Index {
         tracing::error!(path = %self.path.display(), %error, "could not read the index");
         self.damaged
             .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Let lookups hold a read transaction, from the first until [`Index::release`]: for a
+    /// judge, which releases it whenever its memory lets go of what a save wrote.
+    pub fn hold_lookups(&self) {
+        self.hold.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// End the lookups' read transaction, so the next one sees the latest save.
+    pub fn release(&self) {
+        if self.hold.load(std::sync::atomic::Ordering::Relaxed) {
+            let _ = self.end_read();
+        }
+    }
+
+    /// The connection for a lookup, inside the held read transaction when there is one.
+    fn lookup_conn(&self) -> MutexGuard<'_, Connection> {
+        let conn = self.conn();
+        if self.hold.load(std::sync::atomic::Ordering::Relaxed) && conn.is_autocommit() {
+            if let Err(error) = conn.execute_batch("BEGIN DEFERRED") {
+                tracing::warn!(%error, "could not begin a read of the index");
+            }
+        }
+        conn
     }
 
     /// Hold one read transaction until [`Index::end_read`], so that every query sees the
@@ -627,7 +659,7 @@ impl Archive for IndexArchive {
     fn claim(&self, id: &str) -> Option<u64> {
         let index = &self.0;
         let found = index
-            .conn()
+            .lookup_conn()
             .prepare_cached("SELECT fingerprint FROM messages WHERE id = ?1")
             .and_then(|mut s| s.query_row([id], |r| r.get::<_, i64>(0)).optional());
         match found {
@@ -644,7 +676,7 @@ impl Archive for IndexArchive {
     fn request(&self, id: &str) -> Option<Request> {
         let index = &self.0;
         let found = index
-            .conn()
+            .lookup_conn()
             .prepare_cached("SELECT data FROM requests WHERE id = ?1")
             .and_then(|mut s| s.query_row([id], |r| r.get::<_, String>(0)).optional());
         match found {
@@ -708,8 +740,12 @@ impl IndexWriter {
         .map_err(sql(path))?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(sql(path))?;
-        conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;")
-            .map_err(sql(path))?;
+        // A large save (a catch-up's batch) stays in memory until it commits instead of
+        // spilling pages into the WAL half way.
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA cache_size = -4096;",
+        )
+        .map_err(sql(path))?;
         let mut writer = IndexWriter {
             conn,
             path: path.to_path_buf(),

@@ -405,9 +405,11 @@ impl Snapshot {
 
     /// The index holds every change set up to `seq`: let go of what it holds.
     pub fn saved(&mut self, seq: u64) {
-        if self.index.is_none() {
+        let Some(index) = &self.index else {
             return;
-        }
+        };
+        // What leaves memory now must be found by the next lookup: it reads the new save.
+        index.release();
         self.ledger.saved(seq);
         self.own_ids.retain(|_, touched| *touched > seq);
     }
@@ -627,7 +629,7 @@ impl Snapshot {
 
 /// A judge replaying a long journal (a rebuild) saves every this many lines, so memory holds
 /// a batch, never the history.
-pub(crate) const REPLAY_BATCH: usize = 50_000;
+pub(crate) const REPLAY_BATCH: usize = 20_000;
 
 fn corrupt(path: &Path, line: u64, message: String) -> Error {
     Error::CorruptJournal {

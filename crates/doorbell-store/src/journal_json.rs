@@ -242,7 +242,9 @@ mod version {
     #[test]
     fn a_record_of_a_newer_version_is_an_error_not_half_read() {
         let newer = r#"{"ver":2,"in":"web","o":0,"v":"a","t":0}"#;
-        let error = serde_json::from_str::<Record>(newer).unwrap_err().to_string();
+        let error = serde_json::from_str::<Record>(newer)
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("written by a newer doorbell"), "{error}");
         let first = r#"{"ver":1,"in":"web","o":0,"v":"a","t":0}"#;
         assert_eq!(serde_json::from_str::<Record>(first).unwrap().version, 1);

@@ -361,6 +361,10 @@ impl Judge {
         }
         self.journal.flush()?;
         self.refused_log.flush()?;
+        // Between sweeps nothing holds a read of the index (the WAL can be checkpointed).
+        if let Some(index) = self.snapshot.index() {
+            index.release();
+        }
         Ok(stats)
     }
 
@@ -1157,9 +1161,19 @@ impl Judge {
         self.journal.append(&record)?;
         self.refused_log.log(&record);
         self.snapshot.apply(record);
-        // A long catch-up saves as it goes: memory holds a batch, never the whole backlog.
-        if self.snapshot.unsaved_lines() >= crate::journal::REPLAY_BATCH {
-            self.checkpoint()?;
+        // A long catch-up saves as it goes: memory holds a batch or two, never the whole
+        // backlog. With a saving thread the save overlaps the judging of the next batch.
+        let unsaved = self.snapshot.unsaved_lines();
+        if unsaved >= crate::journal::REPLAY_BATCH {
+            if self.saver.is_none() {
+                self.checkpoint()?;
+            } else if !self.checkpoint_in_background()?
+                && unsaved >= 2 * crate::journal::REPLAY_BATCH
+            {
+                // The saving thread is behind: wait for it rather than hold more.
+                self.settle()?;
+                self.checkpoint_in_background()?;
+            }
         }
         Ok(())
     }
@@ -1169,6 +1183,7 @@ impl Judge {
 /// What `daemon --once` does.
 pub fn once(bridge: Bridge, lock: BridgeLock) -> Result<CatchUp> {
     let mut judge = Judge::open(bridge, lock)?;
+    judge.save_in_background();
     let stats = judge.catch_up(Utc::now())?;
     judge.checkpoint()?;
     Ok(stats)
@@ -1386,6 +1401,7 @@ fn open_snapshot(index_path: &std::path::Path) -> Result<Snapshot> {
         path: index_path.to_path_buf(),
         message: "missing".into(),
     })?;
+    index.hold_lookups();
     Snapshot::from_index(Some(std::sync::Arc::new(index)))
 }
 
