@@ -44,7 +44,8 @@ pub fn report(error: &anyhow::Error) -> i32 {
                 | doorbell_store::Error::BadAgentName { .. }
                 | doorbell_store::Error::NotRegularFile { .. }
                 | doorbell_store::Error::AgentExists { .. }
-                | doorbell_store::Error::Config { .. },
+                | doorbell_store::Error::Config { .. }
+                | doorbell_store::Error::Refused { .. },
             ) => REFUSED,
             _ => FAILURE,
         }

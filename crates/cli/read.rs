@@ -12,7 +12,6 @@ use anyhow::Context;
 use chrono::Utc;
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor::{self, Position};
-use doorbell_store::reader::LineReader;
 use doorbell_store::view::{envelope_of, InboxView};
 use serde_json::value::RawValue;
 
@@ -61,15 +60,14 @@ pub struct Inbox<'a> {
 /// judging stopped.
 pub fn print_accepted(
     inbox: &Inbox<'_>,
-    journal: &InboxView,
+    journal: &mut InboxView,
     from: u64,
     json: bool,
-    reader: &mut LineReader,
     out: &mut impl Write,
 ) -> anyhow::Result<Printed> {
     let Inbox { agent, path, file } = *inbox;
     let now = Utc::now();
-    let result = journal.accepted_lines(file, from, reader, |offset, bytes| -> Result<(), Stop> {
+    let result = journal.accepted_lines(file, from, |offset, bytes| -> Result<(), Stop> {
         let Some(envelope) = envelope_of(bytes) else {
             // Accepted bytes always parse; these changed under us.
             return Err(Stop::Failed(anyhow::anyhow!(
@@ -119,7 +117,7 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
     let position = cursor::load(&bridge, &args.agent, &inbox)?;
     warn_replaced(&args.agent, position);
     let from = if args.all { 0 } else { position.offset() };
-    let Some(journal) = view
+    let Some(mut journal) = view
         .inbox(&args.agent, from)?
         .filter(|j| j.journal.dev == meta.dev() && j.journal.ino == meta.ino())
     else {
@@ -132,8 +130,7 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
         path: &path,
         file: &inbox,
     };
-    let mut reader = LineReader::new(bridge.max_line_bytes());
-    let printed = print_accepted(&reading, &journal, from, args.json, &mut reader, &mut out)?;
+    let printed = print_accepted(&reading, &mut journal, from, args.json, &mut out)?;
     if let (Printed::Upto(to), false) = (printed, args.peek) {
         if to > position.offset() {
             cursor::advance(&bridge, &args.agent, &inbox, to)?;

@@ -1,9 +1,11 @@
 //! `doorbell reply` and `doorbell cancel`: answer a request by its id. The ledger says who
-//! the other party is and which thread it is in; the message then goes out exactly as
-//! `doorbell send` would send it, pre-checks included.
+//! the other party is and which thread it is in (`View::answer`); the message then goes out
+//! exactly as `doorbell send` would send it, pre-checks included.
+
+use doorbell_store::send::Message;
 
 use crate::args::{CancelArgs, ReplyArgs, SendArgs};
-use crate::exit::refused;
+use crate::exit::OK;
 use crate::session::{view, Session};
 
 /// Answer request `id` as `from` with `state`.
@@ -16,39 +18,24 @@ fn answer(
     data: Option<String>,
     reply_id: Option<String>,
 ) -> anyhow::Result<i32> {
-    let from =
-        from.ok_or_else(|| refused("who is answering? give --from or set DOORBELL_AGENT"))?;
     let bridge = session.bridge()?;
     let view = view(&bridge)?;
-    let Some(request) = view.request(id) else {
-        return Err(refused(format!(
-            "no request '{id}' in the ledger (doorbell debts lists the open ones)"
-        )));
-    };
-    let to = if from == request.addressee {
-        request.requester.clone()
-    } else if from == request.requester {
-        request.addressee.clone()
-    } else {
-        return Err(refused(format!(
-            "'{from}' is not a party of {id} ({} asked {}); answer as one of them with --from",
-            request.requester, request.addressee
-        )));
-    };
-    let args = SendArgs {
-        to: vec![to],
-        from: Some(from),
-        kind: Some("response".to_owned()),
-        state: Some(state.to_owned()),
-        correlates_to: Some(id.to_owned()),
-        context_id: Some(request.context_id.clone()),
+    let answer = view.answer(id, from, state)?;
+    // Text and data are read and checked as `send` reads them.
+    let content = crate::send::message(&SendArgs {
         text,
         data,
         id: reply_id,
         ..SendArgs::default()
-    };
-    drop(request);
-    crate::send::send(&view, &args)
+    })?;
+    let ids = view.send(&Message {
+        id: content.id,
+        text: content.text,
+        data: content.data,
+        ..answer
+    })?;
+    crate::send::print_ids(&ids);
+    Ok(OK)
 }
 
 pub fn reply(session: &Session, args: ReplyArgs) -> anyhow::Result<i32> {

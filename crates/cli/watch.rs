@@ -7,7 +7,6 @@ use std::os::unix::fs::MetadataExt;
 
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor;
-use doorbell_store::reader::LineReader;
 use doorbell_store::view::InboxView;
 
 use crate::args::WatchArgs;
@@ -32,7 +31,6 @@ pub fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<i32> {
         (journal, view.updates())
     };
     let mut out = std::io::stdout().lock();
-    let mut reader = LineReader::new(bridge.max_line_bytes());
     loop {
         if identity(&inbox)? == (journal.journal.dev, journal.journal.ino) {
             let reading = Inbox {
@@ -40,14 +38,7 @@ pub fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<i32> {
                 path: &path,
                 file: &inbox,
             };
-            match print_accepted(
-                &reading,
-                &journal,
-                printed_to,
-                args.json,
-                &mut reader,
-                &mut out,
-            )? {
+            match print_accepted(&reading, &mut journal, printed_to, args.json, &mut out)? {
                 Printed::ClosedPipe => return Ok(OK),
                 Printed::Upto(to) => {
                     if to > printed_to {

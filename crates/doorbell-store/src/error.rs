@@ -39,6 +39,9 @@ pub enum Error {
     Index { path: PathBuf, message: String },
     #[error("index {path}: {message}")]
     IndexWrite { path: PathBuf, message: String },
+    /// Input a sender gave that the rules refuse (exit 2).
+    #[error("{message}")]
+    Refused { message: String },
     #[error("interrupted: the judge is stopping")]
     Interrupted,
 }

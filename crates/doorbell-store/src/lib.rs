@@ -26,6 +26,7 @@ pub mod reader;
 pub mod refused;
 pub mod reports;
 pub mod segments;
+pub mod send;
 pub mod view;
 
 pub use bridge::Bridge;

@@ -340,6 +340,8 @@ impl View {
             agent: agent.to_owned(),
             journal: journal.clone(),
             not_accepted,
+            reader: None,
+            max_line_bytes: self.bridge.max_line_bytes(),
         }))
     }
 
@@ -351,15 +353,14 @@ impl View {
             .metadata()
             .map_err(crate::Error::io("stat inbox", &path))?;
         let from = crate::cursor::load(&self.bridge, agent, &file)?.offset();
-        let Some(inbox) = self.inbox(agent, from)? else {
+        let Some(mut inbox) = self.inbox(agent, from)? else {
             return Ok(0);
         };
         if (meta.dev(), meta.ino()) != (inbox.journal.dev, inbox.journal.ino) {
             return Ok(0);
         }
         let mut count = 0;
-        let mut reader = LineReader::new(self.bridge.max_line_bytes());
-        inbox.accepted_lines(&file, from, &mut reader, |_, _| -> Result<()> {
+        inbox.accepted_lines(&file, from, |_, _| -> Result<()> {
             count += 1;
             Ok(())
         })?;
@@ -461,11 +462,14 @@ impl View {
 }
 
 /// An agent's inbox as the judge sees it: which lines from a start offset on are accepted.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct InboxView {
     pub agent: String,
     pub journal: InboxJournal,
     not_accepted: BTreeSet<u64>,
+    /// Reads the inbox's lines; kept between calls (`watch` reads again and again).
+    reader: Option<LineReader>,
+    max_line_bytes: usize,
 }
 
 impl InboxView {
@@ -476,6 +480,8 @@ impl InboxView {
             agent: agent.to_owned(),
             journal: InboxJournal::default(),
             not_accepted: BTreeSet::new(),
+            reader: None,
+            max_line_bytes: 0,
         }
     }
 
@@ -489,16 +495,21 @@ impl InboxView {
     /// order; `each`'s first error stops the reading. Returns where judging stopped: how far
     /// a cursor may move once every line was shown.
     pub fn accepted_lines<E: From<std::io::Error>>(
-        &self,
+        &mut self,
         file: &File,
         from: u64,
-        reader: &mut LineReader,
         mut each: impl FnMut(u64, &[u8]) -> std::result::Result<(), E>,
     ) -> std::result::Result<u64, E> {
-        reader.read(file, from, |line| match line {
+        let mut reader = self
+            .reader
+            .take()
+            .unwrap_or_else(|| LineReader::new(self.max_line_bytes));
+        let read = reader.read(file, from, |line| match line {
             Line::Complete { offset, bytes } if self.is_accepted(offset) => each(offset, bytes),
             _ => Ok(()),
-        })?;
+        });
+        self.reader = Some(reader);
+        read?;
         Ok(self.journal.judged_to.max(from))
     }
 

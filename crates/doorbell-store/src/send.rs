@@ -1,0 +1,292 @@
+//! Sending, for every front end: build the envelope every sender writes, pre-check it
+//! against the rules this process can see (the stateless ones always, the ledger's through a
+//! `View` when one is open), and append it to each recipient's inbox. The judge's verdict is
+//! final; the pre-check only refuses early what the judge would refuse anyway, so a sender is
+//! not told "sent" for a line that is sure to be refused.
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use doorbell_core::{
+    is_agent_name, is_id, is_reserved_id, judge_stateless, Limits, Registry, Verdict, BUILTIN_LOOPS,
+};
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::append::append_line;
+use crate::{Bridge, Error, Result, View};
+
+/// A message to send, as a person or an agent gives it.
+#[derive(Debug, Clone, Default)]
+pub struct Message {
+    /// Recipients; `all` means every station but the sender (a broadcast).
+    pub to: Vec<String>,
+    pub from: Option<String>,
+    /// `request`, `response` or `note` (default: note, or response with `correlates_to`).
+    pub kind: Option<String>,
+    pub state: Option<String>,
+    pub correlates_to: Option<String>,
+    pub context_id: Option<String>,
+    pub task_id: Option<String>,
+    pub priority: Option<u8>,
+    /// RFC 3339, already resolved.
+    pub reply_by: Option<String>,
+    /// The id (a retry with the same id is safe); a new ULID when `None`.
+    pub id: Option<String>,
+    pub text: Option<String>,
+    /// A JSON object, for a data part.
+    pub data: Option<Box<RawValue>>,
+}
+
+fn refused(message: impl Into<String>) -> Error {
+    Error::Refused {
+        message: message.into(),
+    }
+}
+
+/// The envelope as `send` writes it; the field order is the one every sender uses.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Outgoing<'a> {
+    id: &'a str,
+    from: &'a str,
+    to: &'a str,
+    kind: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    correlates_to: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<&'a str>,
+    created_at: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    priority: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reply_by: Option<&'a str>,
+    message: OutMessage<'a>,
+}
+
+#[derive(Serialize)]
+struct OutMessage<'a> {
+    role: &'a str,
+    parts: &'a [OutPart<'a>],
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum OutPart<'a> {
+    Text { text: &'a str },
+    Data { data: &'a RawValue },
+}
+
+/// Check the sender, the kind and the id before anything is read or written.
+pub fn sender_and_kind(message: &Message) -> Result<(String, String)> {
+    let from = message
+        .from
+        .clone()
+        .ok_or_else(|| refused("who is sending? give --from or set DOORBELL_AGENT"))?;
+    if !is_agent_name(&from) {
+        return Err(refused(format!(
+            "--from '{from}' is not a valid agent name"
+        )));
+    }
+    if BUILTIN_LOOPS.contains(&from.as_str()) {
+        return Err(refused(format!(
+            "--from '{from}' is a built-in loop of the bridge; send as yourself"
+        )));
+    }
+    let kind = match (&message.kind, &message.correlates_to) {
+        (Some(kind), _) => kind.clone(),
+        (None, Some(_)) => "response".to_owned(),
+        (None, None) => "note".to_owned(),
+    };
+    if kind == "response" && (message.correlates_to.is_none() || message.state.is_none()) {
+        return Err(refused(
+            "a response needs --correlates-to (the request) and --state (e.g. completed); or use 'doorbell reply'",
+        ));
+    }
+    if let Some(id) = &message.id {
+        if !is_id(id) {
+            return Err(refused(format!(
+                "--id '{id}' is not an id (1-128 of A-Z a-z 0-9 . _ -)"
+            )));
+        }
+        if is_reserved_id(id) {
+            return Err(refused(format!(
+                "--id '{id}' contains ':', which is reserved for the bridge"
+            )));
+        }
+    }
+    Ok((from, kind))
+}
+
+/// Whether sending `message` needs the ledger's rules (a retry's id, the request answered).
+#[must_use]
+pub fn needs_ledger(message: &Message) -> bool {
+    message.correlates_to.is_some() || message.id.is_some()
+}
+
+/// The checks of the sender, the kind, the id and the recipients that need no text: what a
+/// front end runs before it reads a message's text from somewhere slow (stdin).
+pub fn check(bridge: &Bridge, message: &Message) -> Result<()> {
+    checked(bridge, message).map(|_| ())
+}
+
+/// The sender, the kind, the recipients and the registry, checked.
+fn checked(bridge: &Bridge, message: &Message) -> Result<(String, String, Vec<String>, Registry)> {
+    let (from, kind) = sender_and_kind(message)?;
+    let recipients = recipients(bridge, &message.to, &from)?;
+    let registry = bridge.registry()?;
+    if !registry.knows(&from) {
+        let known: Vec<_> = registry.stations.iter().cloned().collect();
+        return Err(refused(format!(
+            "unknown sender '{from}' (known: {}; add one with 'doorbell agent add')",
+            known.join(", ")
+        )));
+    }
+    Ok((from, kind, recipients, registry))
+}
+
+/// Send `message`: pre-check every recipient's line, then write them all. Returns the ids,
+/// one per recipient (a duplicate, already delivered, is not written again).
+pub fn send(bridge: &Bridge, view: Option<&View>, message: &Message) -> Result<Vec<String>> {
+    let (from, kind, recipients, registry) = checked(bridge, message)?;
+    let now: DateTime<Utc> = Utc::now();
+    let created_at = now.to_rfc3339_opts(SecondsFormat::Millis, true);
+    let base_id = message
+        .id
+        .clone()
+        .unwrap_or_else(|| ulid::Ulid::new().to_string());
+    let broadcast = recipients.len() > 1;
+    let limits = Limits {
+        max_line_bytes: bridge.max_line_bytes(),
+    };
+    let mut parts = Vec::new();
+    if let Some(text) = &message.text {
+        parts.push(OutPart::Text { text });
+    }
+    if let Some(data) = &message.data {
+        parts.push(OutPart::Data { data });
+    }
+    let state = match (&message.state, kind.as_str()) {
+        (None, "request") => Some("submitted"),
+        (state, _) => state.as_deref(),
+    };
+    let mut lines = Vec::new();
+    for to in &recipients {
+        let id = if broadcast {
+            format!("{base_id}.{to}")
+        } else {
+            base_id.clone()
+        };
+        // A broadcast request shares one thread; a request is otherwise its own thread.
+        let context_id = match (&message.context_id, kind.as_str(), broadcast) {
+            (Some(context), _, _) => Some(context.as_str()),
+            (None, "request", true) => Some(base_id.as_str()),
+            (None, "request", false) => Some(id.as_str()),
+            (None, _, _) => None,
+        };
+        let outgoing = Outgoing {
+            id: &id,
+            from: &from,
+            to,
+            kind: &kind,
+            correlates_to: message.correlates_to.as_deref(),
+            context_id,
+            task_id: message.task_id.as_deref(),
+            state,
+            created_at: &created_at,
+            priority: message.priority,
+            reply_by: message.reply_by.as_deref(),
+            message: OutMessage {
+                role: "agent",
+                parts: &parts,
+            },
+        };
+        let line = serde_json::to_string(&outgoing).expect("an envelope always serialises");
+        let envelope = judge_stateless(line.as_bytes(), Some(to), &limits)
+            .map_err(|refusal| refused(format!("refused: {refusal}")))?;
+        let verdict = view.map_or(Verdict::Accepted, |view| {
+            view.precheck(&envelope, to, &registry)
+        });
+        match verdict {
+            Verdict::Refused(refusal) => return Err(refused(format!("refused: {refusal}"))),
+            Verdict::Duplicate => lines.push((to.clone(), id, None)),
+            Verdict::Accepted => lines.push((to.clone(), id.clone(), Some(line))),
+        }
+    }
+    // Every recipient passed the pre-check: now write. A duplicate was already delivered.
+    let mut ids = Vec::with_capacity(lines.len());
+    for (to, id, line) in lines {
+        if let Some(line) = line {
+            append_line(&bridge.inbox_path(&to)?, line.as_bytes())?;
+        }
+        ids.push(id);
+    }
+    Ok(ids)
+}
+
+/// The inboxes a message goes to: each `--to`, or every station for `all`.
+fn recipients(bridge: &Bridge, to: &[String], from: &str) -> Result<Vec<String>> {
+    if to.iter().any(|t| t == "all") {
+        // Everyone but the sender: a broadcast request is not a debt one owes oneself.
+        let all: Vec<String> = bridge
+            .inboxes()?
+            .into_iter()
+            .filter(|n| n != from)
+            .collect();
+        if all.is_empty() {
+            return Err(refused("no agents yet; add one with 'doorbell agent add'"));
+        }
+        return Ok(all);
+    }
+    let mut out: Vec<String> = Vec::new();
+    for name in to {
+        if !is_agent_name(name) {
+            return Err(refused(format!("--to '{name}' is not a valid agent name")));
+        }
+        bridge.require_inbox(name)?;
+        if !out.contains(name) {
+            out.push(name.clone());
+        }
+    }
+    Ok(out)
+}
+
+impl View {
+    /// Send `message` with the pre-checks this view can make.
+    pub fn send(&self, message: &Message) -> Result<Vec<String>> {
+        send(self.bridge(), Some(self), message)
+    }
+
+    /// The answer to request `id` from `from` with `state`, without its text yet: the
+    /// recipient, `correlatesTo` and the thread come from the ledger.
+    pub fn answer(&self, id: &str, from: Option<String>, state: &str) -> Result<Message> {
+        let from =
+            from.ok_or_else(|| refused("who is answering? give --from or set DOORBELL_AGENT"))?;
+        let Some(request) = self.request(id) else {
+            return Err(refused(format!(
+                "no request '{id}' in the ledger (doorbell debts lists the open ones)"
+            )));
+        };
+        let to = if from == request.addressee {
+            request.requester.clone()
+        } else if from == request.requester {
+            request.addressee.clone()
+        } else {
+            return Err(refused(format!(
+                "'{from}' is not a party of {id} ({} asked {}); answer as one of them with --from",
+                request.requester, request.addressee
+            )));
+        };
+        Ok(Message {
+            to: vec![to],
+            from: Some(from),
+            kind: Some("response".to_owned()),
+            state: Some(state.to_owned()),
+            correlates_to: Some(id.to_owned()),
+            context_id: Some(request.context_id.clone()),
+            ..Message::default()
+        })
+    }
+}
