@@ -975,6 +975,11 @@ impl Case {
         let name = self.model.agent(inbox);
         self.settle_any();
         self.close_instance(&name);
+        let before = self.newest_generation(&name);
+        // Only a judge that had read past the start can see that the file went shorter.
+        let read_past_start = !split_lines(&std::fs::read(self.inbox(&name)).unwrap())
+            .0
+            .is_empty();
         OpenOptions::new()
             .write(true)
             .open(self.inbox(&name))
@@ -985,6 +990,36 @@ impl Case {
             let (from, _) = self.model.pair(inbox + 1 + i, inbox);
             self.send("note", &from, &name, Via::Raw);
         }
+        // A file is known by its content: truncated, then given back the very bytes it had
+        // (a retry of its first line), it is the same file to a judge that did not look in
+        // between. The model counts a new file, so the judge is let look before anything
+        // else is written.
+        if !read_past_start {
+            return;
+        }
+        if self.daemon.is_some() {
+            self.bridge
+                .wait_for(PATIENCE, "the judge to see the truncation", |_| {
+                    self.newest_generation(&name) > before
+                });
+        } else {
+            self.bridge.doorbell(&["daemon", "--once"]).ok();
+            assert!(
+                self.newest_generation(&name) > before,
+                "daemon --once did not see {name}'s truncation"
+            );
+        }
+    }
+
+    /// The newest generation the journal has marked for `name`'s inbox.
+    fn newest_generation(&self, name: &str) -> Option<u32> {
+        let records: Vec<JournalRecord> =
+            read_records(&self.bridge.dir().join(".doorbell/journal.jsonl"));
+        records
+            .iter()
+            .filter(|r| r.inbox == name && r.verdict == "m")
+            .map(|r| r.gen)
+            .max()
     }
 
     fn replace(&mut self, inbox: usize, late: usize, fresh: usize) {
@@ -1020,7 +1055,7 @@ impl Case {
     /// After a replace or delete: the old file's last lines are drained while the daemon runs.
     /// (A daemon stopped before it drains cannot read a file that is gone: nothing promises
     /// lines nobody judged before their file was removed, so the model waits for the drain.)
-    fn drained(&self) {
+    fn drained(&mut self) {
         if self.daemon.is_some() {
             self.settle();
         }
@@ -1198,7 +1233,7 @@ impl Case {
 
     /// Wait until [`Case::quiet`] holds.
     #[track_caller]
-    fn settle(&self) {
+    fn settle(&mut self) {
         let mut why = String::new();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.bridge
@@ -1212,10 +1247,21 @@ impl Case {
                     }
                 });
         }));
-        assert!(
-            outcome.is_ok(),
-            "the bridge did not settle within {PATIENCE:?}: {why}"
-        );
+        if outcome.is_err() {
+            // What the daemon said (and whether it is still running) says why.
+            let daemon = match self.daemon.as_mut() {
+                Some(daemon) => format!(
+                    "daemon {}; its stderr:\n{}",
+                    match daemon.child.try_wait() {
+                        Ok(Some(status)) => format!("exited ({status})"),
+                        _ => "running".to_owned(),
+                    },
+                    daemon.stderr_so_far().join("\n")
+                ),
+                None => "no daemon running".to_owned(),
+            };
+            panic!("the bridge did not settle within {PATIENCE:?}: {why}\n{daemon}");
+        }
     }
 
     // -----------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ mod model;
 mod read;
 mod script;
 mod security;
+mod seeds;
 mod send;
 mod senders;
 mod torture;

@@ -254,6 +254,14 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// Everything the daemon wrote to stderr so far, without waiting.
+    pub fn stderr_so_far(&mut self) -> &[String] {
+        while let Ok(line) = self.lines.try_recv() {
+            self.stderr.push(line);
+        }
+        &self.stderr
+    }
+
     /// Start the daemon on `bridge` and wait (up to 30 s) until it says it is judging.
     pub fn start(bridge: &Bridge, extra: &[&str]) -> Daemon {
         let mut args = vec!["daemon"];

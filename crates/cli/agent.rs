@@ -8,7 +8,7 @@ use crate::session::Session;
 pub fn add(session: &Session, name: &str) -> anyhow::Result<i32> {
     let bridge = session.bridge_or_create()?;
     let path = bridge.add_agent(name)?;
-    println!("{}", path.display());
+    out!("{}", path.display())?;
     Ok(OK)
 }
 
@@ -54,22 +54,22 @@ pub fn list(session: &Session, json: bool) -> anyhow::Result<i32> {
             "builtinLoops": BUILTIN_LOOPS,
             "warnings": warnings,
         });
-        println!("{doc}");
+        out!("{doc}")?;
         return Ok(OK);
     }
-    println!("bridge {}", bridge.dir().display());
-    println!("stations:");
+    out!("bridge {}", bridge.dir().display())?;
+    out!("stations:")?;
     for (name, has_inbox) in &stations {
         let note = if *has_inbox { "" } else { "  (no inbox)" };
-        println!("  {name}{note}");
+        out!("  {name}{note}")?;
     }
     if !session.config.loops.is_empty() {
-        println!("loops (notes only):");
+        out!("loops (notes only):")?;
         for name in &session.config.loops {
-            println!("  {name}");
+            out!("  {name}")?;
         }
     }
-    println!("built-in loops: {}", BUILTIN_LOOPS.join(", "));
+    out!("built-in loops: {}", BUILTIN_LOOPS.join(", "))?;
     for warning in &warnings {
         eprintln!("warning: {warning}");
     }

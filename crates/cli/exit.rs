@@ -32,8 +32,17 @@ pub fn refused(message: impl Into<String>) -> anyhow::Error {
     .into()
 }
 
-/// Print an error chain for a person and choose the exit code.
+/// Print an error chain for a person and choose the exit code. A reader of our output that
+/// went away is not an error: the command ends quietly, as it would have.
 pub fn report(error: &anyhow::Error) -> i32 {
+    let closed_pipe = error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    });
+    if closed_pipe {
+        return OK;
+    }
     let code = if let Some(exit) = error.downcast_ref::<Exit>() {
         exit.code
     } else {

@@ -1,12 +1,13 @@
 //! The `doorbell` binary: parse the command line, set up logging, run the command, and turn
 //! its outcome into an exit code. Everything else lives in the modules beside this file.
 
+#[macro_use]
+mod output;
 mod agent;
 mod args;
 mod check;
 mod daemon;
 mod exit;
-mod output;
 mod read;
 mod reply;
 mod report;

@@ -4,6 +4,23 @@
 
 use std::fmt::Write as _;
 
+/// `println!` for a command's output: an error to return (with `?`), so a reader that went
+/// away (`doorbell show ID | head -1`) ends the command quietly instead of a panic.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*)
+    }};
+}
+
+/// `print!` for a command's output, as [`out!`].
+macro_rules! out_text {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout(), $($arg)*)
+    }};
+}
+
 use chrono::{DateTime, Local, Utc};
 use doorbell_core::Envelope;
 

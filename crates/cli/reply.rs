@@ -34,7 +34,7 @@ fn answer(
         data: content.data,
         ..answer
     })?;
-    crate::send::print_ids(&ids);
+    crate::send::print_ids(&ids)?;
     Ok(OK)
 }
 

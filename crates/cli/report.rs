@@ -77,7 +77,7 @@ pub fn run(session: &Session, args: &ReportArgs) -> anyhow::Result<i32> {
         // With no daemon running, announce it now; a running daemon sees the file appear.
         drop(view);
         drop(crate::session::view(&bridge)?);
-        println!("{}", path.display());
+        out!("{}", path.display())?;
         return Ok(OK);
     }
     let format = args.format.unwrap_or(if args.out.is_some() {
@@ -98,7 +98,7 @@ pub fn run(session: &Session, args: &ReportArgs) -> anyhow::Result<i32> {
     match &args.out {
         Some(path) => doorbell_store::atomic::write_atomic(path, text.as_bytes())
             .with_context(|| format!("writing {}", path.display()))?,
-        None => print!("{text}"),
+        None => out_text!("{text}")?,
     }
     Ok(OK)
 }

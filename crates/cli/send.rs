@@ -93,7 +93,7 @@ pub fn run(session: &Session, args: &SendArgs) -> anyhow::Result<i32> {
     } else {
         send::send(&bridge, None, &message)?
     };
-    print_ids(&ids);
+    print_ids(&ids)?;
     Ok(OK)
 }
 
@@ -129,10 +129,11 @@ fn message_without_content(args: &SendArgs) -> Message {
     }
 }
 
-pub fn print_ids(ids: &[String]) {
+pub fn print_ids(ids: &[String]) -> std::io::Result<()> {
     for id in ids {
-        println!("{id}");
+        out!("{id}")?;
     }
+    Ok(())
 }
 
 #[cfg(test)]

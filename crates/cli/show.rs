@@ -2,6 +2,7 @@
 //! know about one message, about who owes whom, and about one conversation.
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use doorbell_core::trace::Step;
 use doorbell_store::journal::Word;
 use doorbell_store::view::envelope_of;
 use serde::Serialize;
@@ -68,25 +69,27 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
         envelope,
     };
     if args.json {
-        println!("{}", serde_json::to_string(&shown)?);
+        out!("{}", serde_json::to_string(&shown)?)?;
         return Ok(OK);
     }
-    println!(
-        "{id}: {verdict}{}",
+    // The detail quotes the refused line: escaped, like every text from a line.
+    out!(
+        "{}: {verdict}{}",
+        output::printable(id),
         shown
             .reason
-            .map(|r| format!(" ({r}: {})", shown.detail.unwrap_or("")))
+            .map(|r| format!(" ({r}: {})", output::printable(shown.detail.unwrap_or(""))))
             .unwrap_or_default()
-    );
-    println!("  in {}-inbox.jsonl at byte {}", shown.inbox, shown.offset);
+    )?;
+    out!("  in {}-inbox.jsonl at byte {}", shown.inbox, shown.offset)?;
     if let Some(at) = &shown.delivered_at {
-        println!(
+        out!(
             "  delivered {at}; {}",
             if read { "read" } else { "not read yet" }
-        );
+        )?;
     }
     if let Some(request) = &request {
-        println!(
+        out!(
             "  request {} → {}: {}{}",
             request.requester,
             request.addressee,
@@ -95,22 +98,22 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
                 .first_response_at
                 .map(|t| format!(", first answered {}", rfc(t)))
                 .unwrap_or_default()
-        );
+        )?;
         if request.is_open() {
-            println!(
+            out!(
                 "  {} owes {} since {} ({} rings)",
                 request.debtor(),
                 request.creditor(),
                 rfc(request.state_since),
                 request.rings_total
-            );
+            )?;
         }
     }
     if let Some(thread) = shown.thread {
-        println!("  thread {thread} (doorbell thread {thread})");
+        out!("  thread {thread} (doorbell thread {thread})")?;
     }
     if let Some(envelope) = bytes.and_then(envelope_of) {
-        print!("\n{}", output::message(&envelope, Utc::now()));
+        out_text!("\n{}", output::message(&envelope, Utc::now()))?;
     }
     Ok(OK)
 }
@@ -146,33 +149,45 @@ pub fn debts(session: &Session, args: &DebtsArgs) -> anyhow::Result<i32> {
         })
         .collect();
     if args.json {
-        println!(
+        out!(
             "{}",
             serde_json::to_string(&serde_json::json!({ "debts": debts }))?
-        );
+        )?;
         return Ok(OK);
     }
     if debts.is_empty() {
-        println!("no open debts");
+        out!("no open debts")?;
         return Ok(OK);
     }
     let now = Utc::now();
-    println!(
-        "{:<28} {:<14} {:<14} {:<15} {:>5}  silent since",
-        "request", "debtor", "creditor", "state", "rings"
-    );
+    // Each column as wide as its widest entry (a broadcast's ids are long).
+    let width = |head: &str, cell: &dyn Fn(&DebtOut<'_>) -> usize| {
+        debts.iter().map(cell).max().unwrap_or(0).max(head.len())
+    };
+    let w_request = width("request", &|d| d.request.len());
+    let w_debtor = width("debtor", &|d| d.debtor.len());
+    let w_creditor = width("creditor", &|d| d.creditor.len());
+    let w_state = width("state", &|d| d.state.len());
+    out!(
+        "{:<w_request$} {:<w_debtor$} {:<w_creditor$} {:<w_state$} {:>5}  silent since",
+        "request",
+        "debtor",
+        "creditor",
+        "state",
+        "rings"
+    )?;
     for debt in &debts {
         let since =
             DateTime::parse_from_rfc3339(&debt.silent_since).map_or(now, |t| t.with_timezone(&Utc));
-        println!(
-            "{:<28} {:<14} {:<14} {:<15} {:>5}  {}",
+        out!(
+            "{:<w_request$} {:<w_debtor$} {:<w_creditor$} {:<w_state$} {:>5}  {}",
             debt.request,
             debt.debtor,
             debt.creditor,
             debt.state,
             debt.rings,
             output::age(since, now)
-        );
+        )?;
     }
     Ok(OK)
 }
@@ -187,10 +202,11 @@ pub fn thread(session: &Session, args: &ThreadArgs) -> anyhow::Result<i32> {
     let now = Utc::now();
     for message in &messages {
         let Some(bytes) = &message.line else {
-            println!(
+            out!(
                 "{}: no longer in {}-inbox.jsonl (the inbox was replaced)",
-                message.row.id, message.row.inbox
-            );
+                message.row.id,
+                message.row.inbox
+            )?;
             continue;
         };
         if args.json {
@@ -201,10 +217,58 @@ pub fn thread(session: &Session, args: &ThreadArgs) -> anyhow::Result<i32> {
                 verdict: "accepted",
                 envelope: raw,
             };
-            println!("{}", serde_json::to_string(&out)?);
+            out!("{}", serde_json::to_string(&out)?)?;
         } else if let Some(envelope) = message.envelope() {
-            println!("{}", output::message(&envelope, now));
+            out!("{}", output::message(&envelope, now))?;
         }
     }
+    let steps: Vec<Step> = messages
+        .iter()
+        .map(|m| Step {
+            id: m.row.id.clone(),
+            from: m.row.from.clone(),
+            to: m.row.inbox.clone(),
+            at: DateTime::from_timestamp_millis(m.row.seen_at).unwrap_or_default(),
+        })
+        .collect();
+    let Some(trace) = doorbell_core::trace::trace(&steps) else {
+        return Ok(OK);
+    };
+    if args.json {
+        out!(
+            "{}",
+            serde_json::to_string(&serde_json::json!({ "trace": trace }))?
+        )?;
+        return Ok(OK);
+    }
+    print_trace(&trace)?;
     Ok(OK)
+}
+
+/// The trace under a thread: first to last, each message's wait, who held it longest.
+fn print_trace(trace: &doorbell_core::trace::Trace) -> std::io::Result<()> {
+    use doorbell_core::trace::span;
+    out!(
+        "trace: {} messages, {} from the first ({}) to the last ({})",
+        trace.messages,
+        span(trace.total_secs),
+        rfc(trace.first),
+        rfc(trace.last)
+    )?;
+    for step in &trace.steps {
+        let waited = match &step.held_by {
+            Some(holder) => format!("+{} ({holder} had it)", span(step.since_last_secs)),
+            None => "first".to_owned(),
+        };
+        out!("  {} {} → {}: {waited}", step.id, step.from, step.to)?;
+    }
+    if let Some(longest) = trace.longest() {
+        out!(
+            "  held longest: {}, {} in {} waits",
+            longest.agent,
+            span(longest.secs),
+            longest.waits
+        )?;
+    }
+    Ok(())
 }

@@ -104,20 +104,23 @@ pub fn run(session: &Session, args: &StatusArgs) -> anyhow::Result<i32> {
         warnings,
     };
     if args.json {
-        println!("{}", serde_json::to_string(&status)?);
+        out!("{}", serde_json::to_string(&status)?)?;
         return Ok(OK);
     }
-    print_text(&status);
+    print_text(&status)?;
     Ok(OK)
 }
 
-fn print_text(status: &Status) {
-    println!("bridge {}", status.dir);
-    println!("judge: {}", status.judge);
-    println!(
+fn print_text(status: &Status) -> std::io::Result<()> {
+    out!("bridge {}", status.dir)?;
+    out!("judge: {}", status.judge)?;
+    out!(
         "{:<20} {:>7} {:>5} {:>8}  last message",
-        "agent", "unread", "owes", "is owed"
-    );
+        "agent",
+        "unread",
+        "owes",
+        "is owed"
+    )?;
     let now = Utc::now();
     for agent in &status.agents {
         let last = agent
@@ -133,10 +136,12 @@ fn print_text(status: &Status) {
         } else {
             format!("{} (no inbox)", agent.name)
         };
-        println!(
+        out!(
             "{name:<20} {:>7} {:>5} {:>8}  {last}",
-            agent.unread, agent.owes, agent.is_owed
-        );
+            agent.unread,
+            agent.owes,
+            agent.is_owed
+        )?;
     }
     if status.refused > 0 {
         let by: Vec<String> = status
@@ -144,11 +149,12 @@ fn print_text(status: &Status) {
             .iter()
             .map(|(r, n)| format!("{r} {n}"))
             .collect();
-        println!("refused lines: {} ({})", status.refused, by.join(", "));
+        out!("refused lines: {} ({})", status.refused, by.join(", "))?;
     } else {
-        println!("refused lines: 0");
+        out!("refused lines: 0")?;
     }
     for warning in &status.warnings {
         eprintln!("warning: {warning}");
     }
+    Ok(())
 }

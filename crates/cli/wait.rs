@@ -108,12 +108,12 @@ fn finish(
             .as_ref()
             .and_then(|bytes| serde_json::from_slice(bytes).ok());
         let doc = serde_json::json!({ "id": id, "state": state.as_str(), "response": envelope });
-        println!("{doc}");
+        out!("{doc}")?;
     } else {
-        println!("{id}: {state}");
+        out!("{id}: {state}")?;
         if let Some(envelope) = line.as_deref().and_then(doorbell_store::view::envelope_of) {
             debug_assert_eq!(envelope.state, answer.map(|a| a.state));
-            print!("{}", crate::output::message(&envelope, chrono::Utc::now()));
+            out_text!("{}", crate::output::message(&envelope, chrono::Utc::now()))?;
         }
     }
     Ok(match state {

@@ -13,6 +13,7 @@ pub mod ledger;
 pub mod name;
 pub mod notice;
 pub mod report;
+pub mod trace;
 pub mod verdict;
 
 pub use envelope::{Envelope, Kind, MessageSummary, State};

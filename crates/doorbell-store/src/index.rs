@@ -414,17 +414,7 @@ impl Index {
         }
         drop(rows);
         drop(meta);
-        let mut inboxes = conn
-            .prepare_cached("SELECT name, data FROM inboxes")
-            .map_err(&e)?;
-        let mut rows = inboxes.query([]).map_err(&e)?;
-        while let Some(row) = rows.next().map_err(&e)? {
-            let name: String = row.get(0).map_err(&e)?;
-            let data: String = row.get(1).map_err(&e)?;
-            state.inboxes.insert(name, self.decode(&data)?);
-        }
-        drop(rows);
-        drop(inboxes);
+        state.inboxes = self.keyed(&conn, "SELECT name, data FROM inboxes")?;
         let mut intents = conn
             .prepare_cached("SELECT id, inbox, line FROM intents")
             .map_err(&e)?;
@@ -440,16 +430,26 @@ impl Index {
         }
         drop(rows);
         drop(intents);
-        let mut untold = conn
-            .prepare_cached("SELECT key, data FROM untold")
-            .map_err(&e)?;
-        let mut rows = untold.query([]).map_err(&e)?;
+        state.untold = self.keyed(&conn, "SELECT key, data FROM untold")?;
+        Ok(state)
+    }
+
+    /// The rows of a two-column query (a key, then JSON), decoded.
+    fn keyed<T: serde::de::DeserializeOwned>(
+        &self,
+        conn: &Connection,
+        query: &str,
+    ) -> Result<BTreeMap<String, T>> {
+        let e = sql(&self.path);
+        let mut statement = conn.prepare_cached(query).map_err(&e)?;
+        let mut rows = statement.query([]).map_err(&e)?;
+        let mut out = BTreeMap::new();
         while let Some(row) = rows.next().map_err(&e)? {
             let key: String = row.get(0).map_err(&e)?;
             let data: String = row.get(1).map_err(&e)?;
-            state.untold.insert(key, self.decode(&data)?);
+            out.insert(key, self.decode(&data)?);
         }
-        Ok(state)
+        Ok(out)
     }
 
     fn decode<T: serde::de::DeserializeOwned>(&self, text: &str) -> Result<T> {
