@@ -197,3 +197,37 @@ fn a_thread_ends_with_its_trace_checked_against_the_messages_times() {
     assert!(text.contains("trace: 3 messages"), "{text}");
     assert!(text.contains("held longest: web"), "{text}");
 }
+
+#[test]
+fn a_name_another_sender_has_is_never_a_new_station() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    for name in ["bridge", "debt-loop", "report-loop", "all"] {
+        let added = bridge.doorbell(&["agent", "add", name]);
+        assert_eq!(added.code, 2, "agent add {name}: {added:?}");
+        assert!(added.stderr.contains("is taken"), "{}", added.stderr);
+        assert!(!bridge.inbox(name).exists(), "{name} got an inbox");
+    }
+    // A loop named like a station: refused where it would bite, naming both.
+    let config = bridge.tmp.path().join("home/.config/doorbell");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("doorbell.toml"), "[[loop]]\nname = \"web\"\n").unwrap();
+    let sent = bridge.doorbell(&["send", "--to", "design", "--from", "web", "hi"]);
+    assert_eq!(sent.code, 2, "{sent:?}");
+    assert!(
+        sent.stderr.contains("'web'") && sent.stderr.contains("web-inbox.jsonl"),
+        "{}",
+        sent.stderr
+    );
+    std::fs::write(config.join("doorbell.toml"), "[[loop]]\nname = \"ci\"\n").unwrap();
+    let added = bridge.doorbell(&["agent", "add", "ci"]);
+    assert_eq!(added.code, 2, "{added:?}");
+    assert!(added.stderr.contains("[[loop]]"), "{}", added.stderr);
+    std::fs::write(config.join("doorbell.toml"), "[[loop]]\nname = \"all\"\n").unwrap();
+    let status = bridge.doorbell(&["status"]);
+    assert_eq!(status.code, 2, "{status:?}");
+    assert!(
+        status.stderr.contains("'all' is reserved"),
+        "{}",
+        status.stderr
+    );
+}

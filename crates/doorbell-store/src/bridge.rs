@@ -144,7 +144,17 @@ impl Bridge {
     /// Stations (inboxes and `[[agent]]` entries) and config loops.
     pub fn registry(&self) -> Result<Registry> {
         let mut registry = Registry::default();
-        registry.stations.extend(self.inboxes()?);
+        let inboxes = self.inboxes()?;
+        // A loop and a station of one name: the station could never answer what it owes.
+        if let Some(name) = self.config.loops.iter().find(|l| inboxes.contains(l)) {
+            return Err(Error::NameTaken {
+                name: name.clone(),
+                why: format!(
+                    "it is a [[loop]] in the config and also the station with the inbox {name}{INBOX_SUFFIX}; rename one of them"
+                ),
+            });
+        }
+        registry.stations.extend(inboxes);
         registry
             .stations
             .extend(self.config.agents.iter().map(|a| a.name.clone()));
@@ -166,8 +176,28 @@ impl Bridge {
         }
     }
 
-    /// Create an agent's inbox (mode 0600). An existing one is an error.
+    /// Create an agent's inbox (mode 0600). An existing one is an error, and so is a name
+    /// another sender already has: a built-in loop, `all`, or a `[[loop]]` of the config.
     pub fn add_agent(&self, name: &str) -> Result<PathBuf> {
+        let taken = |why: String| Error::NameTaken {
+            name: name.to_owned(),
+            why,
+        };
+        if doorbell_core::BUILTIN_LOOPS.contains(&name) {
+            return Err(taken(
+                "it is a built-in loop of the bridge; pick another name".into(),
+            ));
+        }
+        if name == "all" {
+            return Err(taken(
+                "'all' means every station (a broadcast); pick another name".into(),
+            ));
+        }
+        if self.config.loops.iter().any(|l| l == name) {
+            return Err(taken(
+                "it is a [[loop]] in the config: a station and a loop cannot share a name".into(),
+            ));
+        }
         let path = self.inbox_path(name)?;
         match OpenOptions::new()
             .write(true)

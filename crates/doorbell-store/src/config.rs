@@ -254,6 +254,11 @@ fn check_name(
             "key '{what}.name': '{name}' is a built-in loop of the bridge"
         ));
     }
+    if name == "all" {
+        return Err(format!(
+            "key '{what}.name': 'all' is reserved: it means every station"
+        ));
+    }
     if !seen.insert(name.to_owned()) {
         return Err(format!("key '{what}.name': '{name}' is named twice"));
     }

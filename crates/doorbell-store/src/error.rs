@@ -19,6 +19,8 @@ pub enum Error {
     NoSuchAgent { name: String, known: Vec<String> },
     #[error("'{name}' is not a valid agent name (use [a-z0-9][a-z0-9._-]{{0,63}})")]
     BadAgentName { name: String },
+    #[error("the name '{name}' is taken: {why}")]
+    NameTaken { name: String, why: String },
     #[error("agent '{name}' already has an inbox at {path}")]
     AgentExists { name: String, path: PathBuf },
     #[error("{path} is not a regular file (a symlink, FIFO or device is never followed)")]
