@@ -149,6 +149,15 @@ tail -n 1 "$INBOX" | sed 's/"createdAt":"[^"]*"/"createdAt":"T"/' >"$T/got"
 printf '%s\n' "{\"id\":\"$id\",\"from\":\"web\",\"to\":\"web\",\"kind\":\"request\",\"contextId\":\"ctx.9\",\"taskId\":\"q-20260902-026\",\"state\":\"submitted\",\"createdAt\":\"T\",\"priority\":1,\"replyBy\":\"2026-09-03T09:00:00Z\",\"message\":{\"role\":\"agent\",\"parts\":[{\"type\":\"text\",\"text\":\"REQUEST: x\"}]}}" >"$T/want"
 if cmp -s "$T/got" "$T/want"; then ok; else fail "exact request line: $(cat "$T/got")"; fi
 
+# a task id is carried as any text of 1-256 bytes, escaped like the message text
+"$S" --to web --task-id 'fix bug #12' hi >/dev/null &&
+	[ "$(tail -n 1 "$INBOX" | jq -r .taskId)" = 'fix bug #12' ] && ok || fail "a task id with spaces and #"
+"$S" --to web --task-id 'say "é" \ now' hi >/dev/null &&
+	[ "$(tail -n 1 "$INBOX" | jq -r .taskId)" = 'say "é" \ now' ] && ok || fail "a task id with a quote, a backslash and UTF-8"
+long=$(printf '%0257d' 0)
+rc=0; "$S" --to web --task-id "$long" hi >/dev/null 2>"$T/err" || rc=$?
+[ $rc -eq 2 ] && grep -q '1-256 bytes' "$T/err" && ok || fail "a task id of 257 bytes: rc $rc $(cat "$T/err")"
+
 # key order of each kind
 keys() { tail -n 1 "$INBOX" | jq -c '[keys_unsorted[]]'; }
 id=$("$S" --to web --kind request hi)
