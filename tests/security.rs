@@ -766,6 +766,7 @@ fn a_million_deep_nesting_is_refused_by_the_judge_without_overflow() {
             let registry = Registry {
                 stations: BTreeSet::from(["web".to_owned(), "design".to_owned()]),
                 loops: BTreeSet::new(),
+                owners: std::collections::BTreeMap::default(),
             };
             let ledger = Ledger::default();
             for bytes in deep_lines() {

@@ -231,3 +231,200 @@ fn a_name_another_sender_has_is_never_a_new_station() {
         status.stderr
     );
 }
+
+/// The config of the factory's review loop, owned by `chief`, with a second-scale doorbell.
+fn review_loop(bridge: &Bridge, ring_after: &str) {
+    let config = bridge.tmp.path().join("home/.config/doorbell");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("doorbell.toml"),
+        format!(
+            "[[loop]]\nname = \"review-loop\"\nowner = \"chief\"\n\n[[loop]]\nname = \"cron\"\n\n\
+             [debts]\nring_after = \"{ring_after}\"\nbackoff = 1.0\nmax_rings = 1\n"
+        ),
+    )
+    .unwrap();
+}
+
+fn ids_in(bridge: &Bridge, agent: &str) -> Vec<serde_json::Value> {
+    bridge
+        .lines(agent)
+        .iter()
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn the_review_loop_asks_marketing_and_marketing_answers_to_chief() {
+    let bridge = Bridge::with_agents(&["chief", "marketing", "human"]);
+    review_loop(&bridge, "1h");
+    let ask = bridge.doorbell(&[
+        "send",
+        "--from",
+        "review-loop",
+        "--to",
+        "marketing",
+        "--kind",
+        "request",
+        "1 PULL REQUEST OF YOURS IS SITTING STILL: say who should review it",
+    ]);
+    let id = ask.ok().trim().to_owned();
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    // marketing owes the loop an answer.
+    let debts: serde_json::Value =
+        serde_json::from_str(bridge.doorbell(&["debts", "--json"]).ok()).unwrap();
+    assert_eq!(debts["debts"][0]["request"], id.as_str(), "{debts}");
+    assert_eq!(debts["debts"][0]["debtor"], "marketing");
+    assert_eq!(debts["debts"][0]["creditor"], "review-loop");
+    // reply fills in the owner: the answer goes to chief's inbox, to chief.
+    let answer = bridge
+        .doorbell(&[
+            "reply",
+            &id,
+            "--from",
+            "marketing",
+            "--state",
+            "completed",
+            "design should",
+        ])
+        .ok()
+        .trim()
+        .to_owned();
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let chief = ids_in(&bridge, "chief");
+    let response = chief
+        .iter()
+        .find(|e| e["id"] == answer.as_str())
+        .expect("in chief's inbox");
+    assert_eq!(response["to"], "chief");
+    assert_eq!(response["correlatesTo"], id.as_str());
+    let shown: serde_json::Value =
+        serde_json::from_str(bridge.doorbell(&["show", &answer, "--json"]).ok()).unwrap();
+    assert_eq!(shown["verdict"], "accepted", "{shown}");
+    let request: serde_json::Value =
+        serde_json::from_str(bridge.doorbell(&["show", &id, "--json"]).ok()).unwrap();
+    assert_eq!(request["state"], "completed", "{request}");
+    let debts: serde_json::Value =
+        serde_json::from_str(bridge.doorbell(&["debts", "--json"]).ok()).unwrap();
+    assert_eq!(
+        debts["debts"].as_array().unwrap().len(),
+        0,
+        "the debt closed: {debts}"
+    );
+}
+
+#[test]
+fn a_loop_without_an_owner_or_answering_is_refused_before_anything_is_written() {
+    let bridge = Bridge::with_agents(&["chief", "marketing", "human"]);
+    review_loop(&bridge, "1h");
+    let before = bridge.lines("marketing").len();
+    let ask = bridge.doorbell(&[
+        "send",
+        "--from",
+        "cron",
+        "--to",
+        "marketing",
+        "--kind",
+        "request",
+        "who?",
+    ]);
+    assert_eq!(ask.code, 2, "{ask:?}");
+    assert!(ask.stderr.contains("without an owner"), "{}", ask.stderr);
+    let asked = bridge
+        .doorbell(&[
+            "send",
+            "--from",
+            "review-loop",
+            "--to",
+            "marketing",
+            "--kind",
+            "request",
+            "who?",
+        ])
+        .ok()
+        .trim()
+        .to_owned();
+    let respond = bridge.doorbell(&[
+        "send",
+        "--from",
+        "review-loop",
+        "--to",
+        "marketing",
+        "--correlates-to",
+        &asked,
+        "--state",
+        "canceled",
+        "never mind",
+    ]);
+    assert_eq!(respond.code, 2, "{respond:?}");
+    assert!(
+        respond.stderr.contains("never send responses"),
+        "{}",
+        respond.stderr
+    );
+    // Written as a line anyway (the shell sender cannot read the config): the judge refuses it
+    // for the same reason.
+    bridge.append_raw(
+        "marketing",
+        format!(
+            "{}\n",
+            crate::util::line("01CRONASKS", "cron", "marketing", "request", "")
+        )
+        .as_bytes(),
+    );
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let shown = bridge.doorbell(&["show", "01CRONASKS"]);
+    assert!(shown.ok().contains("without an owner"), "{}", shown.stdout);
+    assert_eq!(
+        bridge.lines("marketing").len(),
+        before + 2,
+        "only the loop's request and the raw line"
+    );
+}
+
+#[test]
+fn a_silent_answer_to_the_loop_rings_marketing_and_escalates() {
+    let bridge = Bridge::with_agents(&["chief", "marketing", "human"]);
+    review_loop(&bridge, "1s");
+    let id = bridge
+        .doorbell(&[
+            "send",
+            "--from",
+            "review-loop",
+            "--to",
+            "marketing",
+            "--kind",
+            "request",
+            "who?",
+        ])
+        .ok()
+        .trim()
+        .to_owned();
+    let daemon = crate::util::Daemon::start(&bridge, &[]);
+    bridge.wait_for(
+        std::time::Duration::from_secs(30),
+        "a ring in marketing's inbox and an escalation to human",
+        |b| {
+            let rang = ids_in(b, "marketing")
+                .iter()
+                .any(|e| e["from"] == "debt-loop" && e["correlatesTo"] == id.as_str());
+            let escalated = ids_in(b, "human")
+                .iter()
+                .any(|e| e["from"] == "debt-loop" && e["correlatesTo"] == id.as_str());
+            rang && escalated
+        },
+    );
+    drop(daemon);
+    let ring = ids_in(&bridge, "marketing")
+        .into_iter()
+        .find(|e| e["from"] == "debt-loop")
+        .unwrap();
+    let text = ring["message"]["parts"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        text.contains("review-loop (its owner chief gets the answer)"),
+        "{text}"
+    );
+}

@@ -51,6 +51,7 @@ pub fn list(session: &Session, json: bool) -> anyhow::Result<i32> {
                 "inbox": has_inbox.then(|| bridge.inbox_path(name).ok().map(|p| p.display().to_string())).flatten(),
             })).collect::<Vec<_>>(),
             "loops": session.config.loops,
+            "loopOwners": session.config.loop_owners,
             "builtinLoops": BUILTIN_LOOPS,
             "warnings": warnings,
         });
@@ -64,9 +65,12 @@ pub fn list(session: &Session, json: bool) -> anyhow::Result<i32> {
         out!("  {name}{note}")?;
     }
     if !session.config.loops.is_empty() {
-        out!("loops (notes only):")?;
+        out!("loops:")?;
         for name in &session.config.loops {
-            out!("  {name}")?;
+            match session.config.loop_owners.get(name) {
+                Some(owner) => out!("  {name}  (asks; {owner} answers for it)")?,
+                None => out!("  {name}  (notes only)")?,
+            }
         }
     }
     out!("built-in loops: {}", BUILTIN_LOOPS.join(", "))?;

@@ -53,10 +53,10 @@ pub fn run(session: &Session, args: &StatusArgs) -> anyhow::Result<i32> {
         });
     }
     for debt in &debts {
-        if let Some(agent) = agents.get_mut(debt.debtor()) {
+        if let Some(agent) = agents.get_mut(debt.debtor_station()) {
             agent.owes += 1;
         }
-        if let Some(agent) = agents.get_mut(debt.creditor()) {
+        if let Some(agent) = agents.get_mut(debt.creditor_station()) {
             agent.is_owed += 1;
         }
     }

@@ -156,13 +156,29 @@ pub fn answer_command(request: &Request) -> String {
 pub fn ring_note(request: &Request, n: u32, max_rings: u32, now: DateTime<Utc>) -> Notice {
     let mut text = format!(
         "doorbell: {} is waiting for you on {} ({}) since {} ago. Ring {n} of {max_rings}.",
-        request.creditor(),
+        waiting(request),
         request.id,
         request.state,
         span(request.state_since, now),
     );
     let _ = write!(text, " Answer with: {}", answer_command(request));
-    note(ring_id(request, n), request.debtor(), request, &text, now)
+    note(
+        ring_id(request, n),
+        request.debtor_station(),
+        request,
+        &text,
+        now,
+    )
+}
+
+/// Who waits, as a ring says it: a loop that asked is named with the owner its answer goes to.
+fn waiting(request: &Request) -> String {
+    match &request.owner {
+        Some(owner) if request.creditor() == request.requester => {
+            format!("{} (its owner {owner} gets the answer)", request.requester)
+        }
+        _ => request.creditor().to_owned(),
+    }
 }
 
 /// The escalation of `request` to the human station.
@@ -171,8 +187,8 @@ pub fn escalation_note(request: &Request, human: &str, now: DateTime<Utc>) -> No
     let text = format!(
         "doorbell: {} has owed {} an answer on {} ({}) for {}; rang {} times without an answer. \
          The debtor answers with: {}",
-        request.debtor(),
-        request.creditor(),
+        request.debtor_station(),
+        waiting(request),
         request.id,
         request.state,
         span(request.state_since, now),

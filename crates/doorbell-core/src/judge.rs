@@ -42,6 +42,8 @@ impl Default for Limits {
 pub struct Registry {
     pub stations: BTreeSet<String>,
     pub loops: BTreeSet<String>,
+    /// A loop's owner: the station that answers for the loop's requests (DESIGN §3).
+    pub owners: std::collections::BTreeMap<String, String>,
 }
 
 impl Registry {
@@ -531,6 +533,21 @@ fn fingerprint(envelope: &Envelope<'_>) -> u64 {
 }
 
 /// Whether a line from a config loop may be accepted: loops send notes only.
-pub(crate) fn loop_may_send(kind: Kind) -> bool {
-    kind == Kind::Note
+/// Why loop `from` may not send a line of `kind`, if it may not: a loop sends notes, and
+/// requests when its `[[loop]]` entry names an owner; never responses.
+#[must_use]
+pub fn loop_refusal(registry: &Registry, from: &str, kind: Kind) -> Option<String> {
+    if !registry.loops.contains(from) {
+        return None;
+    }
+    match kind {
+        Kind::Note => None,
+        Kind::Request if registry.owners.contains_key(from) => None,
+        Kind::Request => Some(format!(
+            "'{from}' is a loop without an owner: a loop may ask only when its [[loop]] entry names the station that answers for it (owner = \"STATION\")"
+        )),
+        Kind::Response => Some(format!(
+            "'{from}' is a loop, and loops never send responses (its owner answers for it)"
+        )),
+    }
 }

@@ -17,7 +17,7 @@ use foldhash::fast::RandomState;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::judge::{loop_may_send, Registry};
+use crate::judge::{loop_refusal, Registry};
 use crate::name::{is_builtin_loop, is_reserved_id};
 use crate::verdict::{Refusal, RefusalReason as R, Verdict};
 use crate::{Envelope, Kind, State};
@@ -81,6 +81,9 @@ pub struct Accepted {
     pub created_at: DateTime<Utc>,
     #[serde(rename = "fp")]
     pub fingerprint: u64,
+    /// A loop's request: the station that answers for the loop (its `owner`).
+    #[serde(rename = "ow", default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 fn normal() -> u8 {
@@ -182,6 +185,9 @@ pub struct Request {
     /// Where the request's line is: the addressee's inbox generation and offset.
     #[serde(rename = "at", default, skip_serializing_if = "Option::is_none")]
     pub location: Option<(u32, u64)>,
+    /// A loop's request: the station that answers for the loop, where its answers go.
+    #[serde(rename = "ow", default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 impl Request {
@@ -211,9 +217,37 @@ impl Request {
         }
     }
 
+    /// The station on the requester's side: the requester, or the owner that answers for a
+    /// loop that asked.
+    #[must_use]
+    pub fn requester_station(&self) -> &str {
+        self.owner.as_deref().unwrap_or(&self.requester)
+    }
+
+    /// The station that owes the next move: the debtor, or a loop's owner.
+    #[must_use]
+    pub fn debtor_station(&self) -> &str {
+        if self.state == State::InputRequired {
+            self.requester_station()
+        } else {
+            &self.addressee
+        }
+    }
+
+    /// The station that waits: the creditor, or a loop's owner.
+    #[must_use]
+    pub fn creditor_station(&self) -> &str {
+        if self.state == State::InputRequired {
+            &self.addressee
+        } else {
+            self.requester_station()
+        }
+    }
+
     fn side_of(&self, agent: &str, state: State) -> Option<Side> {
         let addressee = agent == self.addressee;
-        let requester = agent == self.requester;
+        // A loop's owner answers for the loop.
+        let requester = agent == self.requester || self.owner.as_deref() == Some(agent);
         match (addressee, requester) {
             // Asking oneself: the requester's states are the ones only a requester sends.
             (true, true) if state == State::Canceled => Some(Side::Requester),
@@ -379,16 +413,18 @@ impl Ledger {
             ));
         }
         if let (Kind::Response, Some(request)) = (envelope.kind, request) {
+            // A loop's request is answered to its owner, who also speaks for it.
+            let requester = request.requester_station();
             let expected = if from == request.addressee {
-                Some(&request.requester)
-            } else if from == request.requester {
-                Some(&request.addressee)
+                Some(requester)
+            } else if from == request.requester || from == requester {
+                Some(request.addressee.as_str())
             } else {
                 None
             };
             let fine = match expected {
-                Some(expected) => envelope.to == *expected,
-                None => envelope.to == request.requester || envelope.to == request.addressee,
+                Some(expected) => envelope.to == expected,
+                None => envelope.to == requester || envelope.to == request.addressee,
             };
             if !fine {
                 return Err(Refusal::new(
@@ -396,7 +432,7 @@ impl Ledger {
                     format!(
                         "a response to {} from '{from}' goes to '{}', not '{}'",
                         request.id,
-                        expected.map_or(&request.requester, |e| e),
+                        expected.unwrap_or(requester),
                         envelope.to
                     ),
                 ));
@@ -409,14 +445,8 @@ impl Ledger {
                 format!("'{from}' is not a known station or loop"),
             ));
         }
-        if registry.loops.contains(from) && !loop_may_send(envelope.kind) {
-            return Err(Refusal::new(
-                R::BadField,
-                format!(
-                    "'{from}' is a loop and loops send notes only, not a {}",
-                    envelope.kind
-                ),
-            ));
+        if let Some(why) = loop_refusal(registry, from, envelope.kind) {
+            return Err(Refusal::new(R::BadField, why));
         }
         // borrowed-name
         let reserved = is_builtin_loop(from) || is_reserved_id(&envelope.id);
@@ -536,6 +566,7 @@ impl Ledger {
             reply_by: envelope.reply_by,
             created_at: envelope.created_at,
             fingerprint: envelope.fingerprint,
+            owner: None,
         }
     }
 
@@ -571,6 +602,7 @@ impl Ledger {
                     escalated: false,
                     rings_total: 0,
                     location: None,
+                    owner: line.owner,
                 });
                 self.requests.insert(
                     request.id.as_str().into(),

@@ -114,6 +114,7 @@ impl Sim {
             registry: Registry {
                 stations: names(&["web", "design", HUMAN, "ci"]),
                 loops: BTreeSet::new(),
+                owners: std::collections::BTreeMap::default(),
             },
             schedule,
             own: BTreeSet::new(),

@@ -37,6 +37,7 @@ impl Bridge {
             registry: Registry {
                 stations: names(&["web", "design", "human", "ci"]),
                 loops: names(&["review-loop"]),
+                owners: std::collections::BTreeMap::default(),
             },
             own: BTreeSet::new(),
             minute: 0,

@@ -159,6 +159,17 @@ impl Bridge {
             .stations
             .extend(self.config.agents.iter().map(|a| a.name.clone()));
         registry.loops.extend(self.config.loops.iter().cloned());
+        for (name, owner) in &self.config.loop_owners {
+            if !registry.stations.contains(owner) {
+                return Err(Error::NameTaken {
+                    name: owner.clone(),
+                    why: format!(
+                        "the [[loop]] '{name}' names it as its owner, but it is no station (doorbell agent add {owner})"
+                    ),
+                });
+            }
+        }
+        registry.owners.clone_from(&self.config.loop_owners);
         Ok(registry)
     }
 

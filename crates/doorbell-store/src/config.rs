@@ -1,7 +1,7 @@
 //! The TOML config. Every setting has a default, so no file is needed; a file that exists is
 //! read strictly: an unknown key or a bad value is an error naming the key and the file.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -52,6 +52,8 @@ pub struct Config {
     pub max_line_bytes: usize,
     pub agents: Vec<AgentConfig>,
     pub loops: Vec<String>,
+    /// Each loop's owner, when it has one: the station that answers for its requests.
+    pub loop_owners: BTreeMap<String, String>,
     pub debts: Debts,
 }
 
@@ -64,6 +66,7 @@ impl Default for Config {
             max_line_bytes: 1024 * 1024,
             agents: Vec::new(),
             loops: Vec::new(),
+            loop_owners: BTreeMap::new(),
             debts: Debts::default(),
         }
     }
@@ -86,6 +89,8 @@ struct ConfigFile {
 #[serde(deny_unknown_fields)]
 struct LoopFile {
     name: String,
+    /// The station that answers for the loop's requests.
+    owner: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -179,6 +184,25 @@ impl Config {
         }
         for entry in &file.loops {
             check_name(&entry.name, "loop", &mut names).map_err(bad)?;
+        }
+        for entry in &file.loops {
+            let Some(owner) = &entry.owner else { continue };
+            let refused = if !is_agent_name(owner) {
+                Some("is not a valid agent name")
+            } else if BUILTIN_LOOPS.contains(&owner.as_str()) || owner == "all" {
+                Some("is reserved")
+            } else if file.loops.iter().any(|l| &l.name == owner) {
+                Some("is a loop, and only a station can answer for a loop")
+            } else {
+                None
+            };
+            if let Some(why) = refused {
+                return Err(bad(format!(
+                    "key 'loop.owner' of '{}': '{owner}' {why}",
+                    entry.name
+                )));
+            }
+            config.loop_owners.insert(entry.name.clone(), owner.clone());
         }
         config.agents = file.agent;
         config.loops = file.loops.into_iter().map(|l| l.name).collect();

@@ -479,7 +479,7 @@ impl Judge {
             .filter_map(|r| {
                 let (at, due) = next_due(r, &schedule, human)?;
                 let to = match due {
-                    Due::Ring(_) => r.debtor(),
+                    Due::Ring(_) => r.debtor_station(),
                     Due::Escalate => human.as_str(),
                 };
                 self.inbox_names
@@ -1056,7 +1056,14 @@ impl Judge {
             }
         }
         let accepted = match (&verdict, &envelope) {
-            (Verdict::Accepted, Some(envelope)) => Some(self.snapshot.ledger.accepted(envelope)),
+            (Verdict::Accepted, Some(envelope)) => {
+                let mut accepted = self.snapshot.ledger.accepted(envelope);
+                // A loop's request carries the station that answers for it.
+                if accepted.kind == Kind::Request {
+                    accepted.owner = self.registry.owners.get(&accepted.from).cloned();
+                }
+                Some(accepted)
+            }
             _ => None,
         };
         let new_request = accepted

@@ -144,7 +144,14 @@ fn checked(bridge: &Bridge, message: &Message) -> Result<(String, String, Vec<St
             known.join(", ")
         )));
     }
+    if let Some(why) = doorbell_core::judge::loop_refusal(&registry, &from, kind_of(&kind)) {
+        return Err(refused(format!("refused: bad-field: {why}")));
+    }
     Ok((from, kind, recipients, registry))
+}
+
+fn kind_of(kind: &str) -> doorbell_core::Kind {
+    doorbell_core::Kind::parse(kind).unwrap_or(doorbell_core::Kind::Note)
 }
 
 /// Send `message`: pre-check every recipient's line, then write them all. Returns the ids,
@@ -269,9 +276,10 @@ impl View {
                 "no request '{id}' in the ledger (doorbell debts lists the open ones)"
             )));
         };
+        // A loop's request is answered to its owner, who also speaks for the loop.
         let to = if from == request.addressee {
-            request.requester.clone()
-        } else if from == request.requester {
+            request.requester_station().to_owned()
+        } else if from == request.requester || from == request.requester_station() {
             request.addressee.clone()
         } else {
             return Err(refused(format!(
