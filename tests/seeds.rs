@@ -246,6 +246,24 @@ fn review_loop(bridge: &Bridge, ring_after: &str) {
     .unwrap();
 }
 
+/// The review loop asks marketing `text`; the request's id.
+fn loop_asks(bridge: &Bridge, text: &str) -> String {
+    bridge
+        .doorbell(&[
+            "send",
+            "--from",
+            "review-loop",
+            "--to",
+            "marketing",
+            "--kind",
+            "request",
+            text,
+        ])
+        .ok()
+        .trim()
+        .to_owned()
+}
+
 fn ids_in(bridge: &Bridge, agent: &str) -> Vec<serde_json::Value> {
     bridge
         .lines(agent)
@@ -258,17 +276,10 @@ fn ids_in(bridge: &Bridge, agent: &str) -> Vec<serde_json::Value> {
 fn the_review_loop_asks_marketing_and_marketing_answers_to_chief() {
     let bridge = Bridge::with_agents(&["chief", "marketing", "human"]);
     review_loop(&bridge, "1h");
-    let ask = bridge.doorbell(&[
-        "send",
-        "--from",
-        "review-loop",
-        "--to",
-        "marketing",
-        "--kind",
-        "request",
+    let id = loop_asks(
+        &bridge,
         "1 PULL REQUEST OF YOURS IS SITTING STILL: say who should review it",
-    ]);
-    let id = ask.ok().trim().to_owned();
+    );
     bridge.doorbell(&["daemon", "--once"]).ok();
     // marketing owes the loop an answer.
     let debts: serde_json::Value =
@@ -330,20 +341,7 @@ fn a_loop_without_an_owner_or_answering_is_refused_before_anything_is_written() 
     ]);
     assert_eq!(ask.code, 2, "{ask:?}");
     assert!(ask.stderr.contains("without an owner"), "{}", ask.stderr);
-    let asked = bridge
-        .doorbell(&[
-            "send",
-            "--from",
-            "review-loop",
-            "--to",
-            "marketing",
-            "--kind",
-            "request",
-            "who?",
-        ])
-        .ok()
-        .trim()
-        .to_owned();
+    let asked = loop_asks(&bridge, "who?");
     let respond = bridge.doorbell(&[
         "send",
         "--from",
@@ -386,20 +384,7 @@ fn a_loop_without_an_owner_or_answering_is_refused_before_anything_is_written() 
 fn a_silent_answer_to_the_loop_rings_marketing_and_escalates() {
     let bridge = Bridge::with_agents(&["chief", "marketing", "human"]);
     review_loop(&bridge, "1s");
-    let id = bridge
-        .doorbell(&[
-            "send",
-            "--from",
-            "review-loop",
-            "--to",
-            "marketing",
-            "--kind",
-            "request",
-            "who?",
-        ])
-        .ok()
-        .trim()
-        .to_owned();
+    let id = loop_asks(&bridge, "who?");
     let daemon = crate::util::Daemon::start(&bridge, &[]);
     bridge.wait_for(
         std::time::Duration::from_secs(30),
