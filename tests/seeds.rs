@@ -413,3 +413,60 @@ fn a_silent_answer_to_the_loop_rings_marketing_and_escalates() {
         "{text}"
     );
 }
+
+#[test]
+fn the_board_follows_the_bridge_and_rests_when_it_does() {
+    use std::os::unix::fs::MetadataExt;
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let config = bridge.tmp.path().join("home/.config/doorbell");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("doorbell.toml"), "board = true\n").unwrap();
+    let board = bridge.dir().join("STATUS.md");
+    let read = |path: &std::path::Path| std::fs::read_to_string(path).unwrap_or_default();
+    let daemon = crate::util::Daemon::start(&bridge, &[]);
+    let patience = std::time::Duration::from_secs(30);
+    bridge.wait_for(patience, "the board", |_| {
+        read(&board).contains("| web | 0 | 0 | 0 |")
+    });
+    bridge.send("design", "web", "hello");
+    let id = bridge
+        .doorbell(&[
+            "send",
+            "--to",
+            "human",
+            "--from",
+            "web",
+            "--kind",
+            "request",
+            "sign off?",
+        ])
+        .ok()
+        .trim()
+        .to_owned();
+    bridge.wait_for(patience, "the board to show what arrived", |_| {
+        let text = read(&board);
+        text.contains("| web | 1 | 0 | 1 |") && text.contains(&format!("- {id} from web"))
+    });
+    // Idle: nothing is written. (An observation window: nothing to wait for.)
+    let before = std::fs::metadata(&board).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let after = std::fs::metadata(&board).unwrap();
+    assert_eq!(
+        (before.ino(), before.mtime_nsec()),
+        (after.ino(), after.mtime_nsec()),
+        "the board was written on an idle bridge"
+    );
+    drop(daemon);
+    // `status --format markdown` is the same board.
+    let markdown = bridge.doorbell(&["status", "--format", "markdown"]);
+    assert!(
+        markdown.ok().contains("| web | 1 | 0 | 1 |"),
+        "{}",
+        markdown.stdout
+    );
+    assert!(
+        markdown.stdout.contains("## Waiting on human"),
+        "{}",
+        markdown.stdout
+    );
+}

@@ -235,6 +235,17 @@ pub struct StatusArgs {
     /// One JSON document
     #[arg(long)]
     pub json: bool,
+    /// text (the default), json, or markdown: the board a daemon with `board = true` keeps
+    /// in STATUS.md
+    #[arg(long, value_enum)]
+    pub format: Option<StatusFormat>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StatusFormat {
+    Text,
+    Json,
+    Markdown,
 }
 
 #[derive(Debug, Args)]

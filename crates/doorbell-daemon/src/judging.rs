@@ -19,6 +19,9 @@ const NOTICE_WINDOW: Duration = Duration::from_millis(200);
 /// the checkpoint (a save of what changed into the index) only shortens the replay of a
 /// restart or a reader. Saving less often writes fewer pages per message.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(30);
+/// The board is written this long after the first change since it was last written, so a
+/// burst of lines makes one write.
+const BOARD_AFTER: Duration = Duration::from_secs(1);
 /// The live journal is sealed as a segment once it is this large.
 const SEGMENT_BYTES: u64 = 64 << 20;
 /// A checkpoint is due sooner once the journal grew this much: what a reader replays stays
@@ -49,6 +52,8 @@ struct Deadlines {
     retry: Option<Instant>,
     /// How long the last wait before a retry was.
     backoff: Duration,
+    /// When to write the board (`board = true`): shortly after the bridge changed.
+    board: Option<Instant>,
 }
 
 /// What the inputs taken at one wake ask for.
@@ -93,6 +98,9 @@ pub fn run(
         judged: stats.judged(),
     });
     let mut due = Deadlines::default();
+    if judge.bridge().config.board {
+        write_board(&judge);
+    }
     loop {
         let mut batch = receive(&judge, inputs, &due);
         if batch.stop {
@@ -140,7 +148,7 @@ fn receive(judge: &Judge, inputs: &Receiver<Input>, due: &Deadlines) -> Batch {
     let next = if due.retry.is_some() {
         due.retry
     } else {
-        [due.notice, due.checkpoint, ring]
+        [due.notice, due.checkpoint, due.board, ring]
             .into_iter()
             .flatten()
             .min()
@@ -199,6 +207,10 @@ fn step(
         if stats.judged() > 0 {
             due.checkpoint
                 .get_or_insert_with(|| Instant::now() + CHECKPOINT_EVERY);
+            if judge.bridge().config.board {
+                due.board
+                    .get_or_insert_with(|| Instant::now() + BOARD_AFTER);
+            }
         }
         if judge.unsaved_bytes() > CHECKPOINT_AFTER_BYTES {
             due.checkpoint = Some(Instant::now());
@@ -217,6 +229,10 @@ fn step(
         // The notices come back as file events and are judged then.
         judge.emit(Utc::now(), &mut stats)?;
     }
+    if due.board.is_some_and(|at| at <= now_instant) {
+        due.board = None;
+        write_board(judge);
+    }
     if due.checkpoint.is_some_and(|at| at <= now_instant) {
         // A large live journal is sealed as a segment (after a save of everything), so that
         // `doorbell compact` can compress it; otherwise the save goes to its thread.
@@ -229,6 +245,13 @@ fn step(
             };
     }
     Ok(())
+}
+
+/// Write the board from what is journaled now; a failure is logged, never fatal.
+fn write_board(judge: &Judge) {
+    if let Err(error) = doorbell_store::board::write(judge.bridge()) {
+        tracing::warn!(%error, "could not write the board (STATUS.md)");
+    }
 }
 
 /// A write failed: say so plainly, and plan the retry.

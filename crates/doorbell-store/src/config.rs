@@ -55,6 +55,8 @@ pub struct Config {
     /// Each loop's owner, when it has one: the station that answers for its requests.
     pub loop_owners: BTreeMap<String, String>,
     pub debts: Debts,
+    /// Whether the daemon keeps the board, `<bridge>/STATUS.md`.
+    pub board: bool,
 }
 
 impl Default for Config {
@@ -68,6 +70,7 @@ impl Default for Config {
             loops: Vec::new(),
             loop_owners: BTreeMap::new(),
             debts: Debts::default(),
+            board: false,
         }
     }
 }
@@ -78,6 +81,7 @@ struct ConfigFile {
     dir: Option<String>,
     human: Option<String>,
     max_line_bytes: Option<usize>,
+    board: Option<bool>,
     #[serde(default)]
     agent: Vec<AgentConfig>,
     #[serde(default, rename = "loop")]
@@ -204,6 +208,7 @@ impl Config {
             }
             config.loop_owners.insert(entry.name.clone(), owner.clone());
         }
+        config.board = file.board.unwrap_or(false);
         config.agents = file.agent;
         config.loops = file.loops.into_iter().map(|l| l.name).collect();
         if let Some(debts) = file.debts {

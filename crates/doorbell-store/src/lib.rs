@@ -8,6 +8,7 @@
 
 pub mod append;
 pub mod atomic;
+pub mod board;
 pub mod bridge;
 pub mod checkpoint;
 pub mod config;

@@ -121,6 +121,15 @@ impl View {
         })
     }
 
+    /// The bridge as the index and the journal say, for the judge that holds it (the daemon
+    /// writing its board).
+    pub fn unjudged_as_judge(bridge: &Bridge) -> Result<View> {
+        Ok(View {
+            judge: Some(crate::lock::holder(bridge)),
+            ..View::unjudged(bridge)?
+        })
+    }
+
     /// What opening the view judged (nothing when another judge runs).
     #[must_use]
     pub fn caught_up(&self) -> &CatchUp {

@@ -1,0 +1,233 @@
+//! The bridge at a glance: per station what is unread, what it owes and is owed, and when
+//! something last arrived; whether a judge runs; refusals; warnings a person should act on
+//! (`doorbell status`). And the board (seed 002): the same as markdown, with the stalled
+//! debts oldest first, what waits on the human and today's refusals, kept in
+//! `<bridge>/STATUS.md` by a daemon whose config says `board = true`, for a person who walks
+//! up to the folder. The board is replaced atomically and written only after the bridge
+//! changed, never on an idle bridge.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use chrono::{DateTime, Local, SecondsFormat, TimeZone, Utc};
+use doorbell_core::Request;
+use serde::Serialize;
+
+use crate::{Bridge, Result, View};
+
+/// The board's file, in the bridge folder.
+pub const BOARD_FILE: &str = "STATUS.md";
+
+#[derive(Debug, Clone, Serialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStatus {
+    pub name: String,
+    pub has_inbox: bool,
+    pub unread: u64,
+    pub owes: u64,
+    pub is_owed: u64,
+    pub last_activity: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub dir: String,
+    pub judge: String,
+    pub judge_running: bool,
+    pub agents: Vec<AgentStatus>,
+    pub refused: u64,
+    pub refused_by_reason: BTreeMap<String, u64>,
+    pub warnings: Vec<String>,
+}
+
+/// The bridge's status as `view` sees it.
+pub fn status(view: &mut View) -> Result<Status> {
+    let bridge = view.bridge().clone();
+    let config = &bridge.config;
+    let judge = view.judge().map(str::to_owned);
+    let debts = view.debts()?;
+    let inboxes = bridge.inboxes()?;
+    let mut agents: BTreeMap<String, AgentStatus> = BTreeMap::new();
+    for name in inboxes.iter().chain(config.agents.iter().map(|a| &a.name)) {
+        agents.entry(name.clone()).or_insert_with(|| AgentStatus {
+            name: name.clone(),
+            has_inbox: inboxes.contains(name),
+            ..AgentStatus::default()
+        });
+    }
+    for debt in &debts {
+        if let Some(agent) = agents.get_mut(debt.debtor_station()) {
+            agent.owes += 1;
+        }
+        if let Some(agent) = agents.get_mut(debt.creditor_station()) {
+            agent.is_owed += 1;
+        }
+    }
+    for agent in agents.values_mut().filter(|a| a.has_inbox) {
+        if let Some(journal) = view.inboxes().get(&agent.name) {
+            agent.last_activity = DateTime::from_timestamp_millis(journal.last_accepted_at)
+                .filter(|_| journal.last_accepted_at > 0)
+                .map(|t| t.to_rfc3339_opts(SecondsFormat::Secs, true));
+            agent.unread = view.unread(&agent.name)?;
+        }
+    }
+    let mut warnings = Vec::new();
+    let human = &config.human;
+    if !inboxes.contains(human) {
+        warnings.push(format!(
+            "the human station '{human}' has no inbox: escalations and reports have nowhere to go (doorbell agent add {human})"
+        ));
+    }
+    for agent in agents.values().filter(|a| !a.has_inbox) {
+        warnings.push(format!(
+            "agent '{}' is in the config but has no inbox (doorbell agent add {})",
+            agent.name, agent.name
+        ));
+    }
+    for path in bridge.refused_inboxes()? {
+        warnings.push(format!(
+            "{} is not a regular file and is refused",
+            path.display()
+        ));
+    }
+    if judge.is_none() {
+        warnings.push("no daemon is running: messages are judged only when a command runs (doorbell daemon, or scripts/install)".to_owned());
+    }
+    Ok(Status {
+        dir: bridge.dir().display().to_string(),
+        judge_running: judge.is_some(),
+        judge: judge.unwrap_or_else(|| "none running".to_owned()),
+        agents: agents.into_values().collect(),
+        refused: view.refused().values().sum(),
+        refused_by_reason: view
+            .refused()
+            .iter()
+            .map(|(r, n)| (r.code().to_owned(), *n))
+            .collect(),
+        warnings,
+    })
+}
+
+/// A duration for a person: "45 s", "12 min", "2 h 5 min", "3 d 4 h".
+fn silent_for(since: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    doorbell_core::trace::span((now - since).num_seconds().max(0))
+}
+
+/// Text for a markdown table cell: one line, no pipe.
+fn cell(text: &str) -> String {
+    text.chars()
+        .map(|c| if c == '|' || c.is_control() { ' ' } else { c })
+        .collect()
+}
+
+/// The board as markdown: `status`, then the stalled debts oldest first, what waits on the
+/// human, and the refusals since local midnight.
+pub fn markdown(view: &mut View, now: DateTime<Utc>) -> Result<String> {
+    let status = status(view)?;
+    let config = view.bridge().config.clone();
+    let stalled_after =
+        chrono::Duration::from_std(config.debts.stalled_after).unwrap_or(chrono::Duration::MAX);
+    let debts: Vec<Request> = view.debts()?;
+    let midnight = Local::now()
+        .date_naive()
+        .and_hms_opt(0, 0, 0)
+        .and_then(|t| Local.from_local_datetime(&t).earliest())
+        .map_or(now, |t| t.with_timezone(&Utc));
+    let today = view.activity(midnight)?;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# doorbell: {}\n\n{} · judge: {}\n",
+        status.dir,
+        now.with_timezone(&Local).format("%a %-d %b %Y %H:%M"),
+        status.judge
+    );
+    out.push_str(
+        "| station | unread | owes | is owed | last message |\n|---|---:|---:|---:|---|\n",
+    );
+    for agent in &status.agents {
+        let last = agent
+            .last_activity
+            .as_deref()
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+            .map_or_else(
+                || "-".to_owned(),
+                |t| format!("{} ago", silent_for(t.with_timezone(&Utc), now)),
+            );
+        let name = if agent.has_inbox {
+            agent.name.clone()
+        } else {
+            format!("{} (no inbox)", agent.name)
+        };
+        let _ = writeln!(
+            out,
+            "| {name} | {} | {} | {} | {last} |",
+            agent.unread, agent.owes, agent.is_owed
+        );
+    }
+    let human = &config.human;
+    let stalled: Vec<&Request> = debts
+        .iter()
+        .filter(|r| r.debtor_station() != human && now - r.state_since >= stalled_after)
+        .collect();
+    out.push_str("\n## Stalled debts, oldest first\n\n");
+    if stalled.is_empty() {
+        out.push_str("none\n");
+    } else {
+        out.push_str(
+            "| request | owed by | to | state | silent for | rings |\n|---|---|---|---|---|---:|\n",
+        );
+        for r in &stalled {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} |",
+                cell(&r.id),
+                r.debtor_station(),
+                r.creditor(),
+                r.state,
+                silent_for(r.state_since, now),
+                r.rings_total
+            );
+        }
+    }
+    let waiting: Vec<&Request> = debts
+        .iter()
+        .filter(|r| r.debtor_station() == human)
+        .collect();
+    let _ = writeln!(out, "\n## Waiting on {human}\n");
+    if waiting.is_empty() {
+        out.push_str("nothing\n");
+    } else {
+        for r in &waiting {
+            let _ = writeln!(
+                out,
+                "- {} from {}, {} for {} (doorbell reply {} --state completed \"…\")",
+                cell(&r.id),
+                r.creditor(),
+                r.state,
+                silent_for(r.state_since, now),
+                cell(&r.id)
+            );
+        }
+    }
+    out.push_str("\n## Refused today\n\n");
+    if today.refused.is_empty() {
+        out.push_str("none\n");
+    } else {
+        for (reason, n) in &today.refused {
+            let _ = writeln!(out, "- {reason}: {n}");
+        }
+    }
+    for warning in &status.warnings {
+        let _ = writeln!(out, "\n> warning: {warning}");
+    }
+    Ok(out)
+}
+
+/// Write the board (`STATUS.md`) from what the index and the journal say now, atomically.
+pub fn write(bridge: &Bridge) -> Result<()> {
+    let mut view = View::unjudged_as_judge(bridge)?;
+    let text = markdown(&mut view, Utc::now())?;
+    crate::atomic::write_atomic_unsynced(&bridge.dir().join(BOARD_FILE), text.as_bytes())
+}
