@@ -22,16 +22,21 @@ fn into_closed_pipe(bridge: &Bridge, args: &[&str]) -> (Option<i32>, String) {
     )
 }
 
-#[test]
-fn every_command_that_prints_exits_quietly_on_a_closed_pipe() {
-    let bridge = Bridge::with_agents(&["web", "design", "human"]);
-    let id = bridge
+/// design asks web a question; the request's id.
+fn design_asks_web(bridge: &Bridge) -> String {
+    bridge
         .doorbell(&[
             "send", "--to", "web", "--from", "design", "--kind", "request", "question",
         ])
         .ok()
         .trim()
-        .to_owned();
+        .to_owned()
+}
+
+#[test]
+fn every_command_that_prints_exits_quietly_on_a_closed_pipe() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let id = design_asks_web(&bridge);
     bridge
         .doorbell(&["reply", &id, "--from", "web", "--state", "working", "on it"])
         .ok();
@@ -128,13 +133,7 @@ fn delivered(bridge: &Bridge, id: &str) -> i64 {
 #[test]
 fn a_thread_ends_with_its_trace_checked_against_the_messages_times() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
-    let id = bridge
-        .doorbell(&[
-            "send", "--to", "web", "--from", "design", "--kind", "request", "question",
-        ])
-        .ok()
-        .trim()
-        .to_owned();
+    let id = design_asks_web(&bridge);
     bridge.doorbell(&["daemon", "--once"]).ok();
     // Time passes between the judge's verdicts: that is what the trace measures.
     std::thread::sleep(std::time::Duration::from_millis(2100));

@@ -2,7 +2,7 @@
 //! last arrived; whether a judge is running; how many lines were refused; and warnings a
 //! person should act on.
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use doorbell_store::board::{self, Status};
 
 use crate::args::{StatusArgs, StatusFormat};
@@ -38,18 +38,9 @@ fn print_text(status: &Status) -> std::io::Result<()> {
     let now = Utc::now();
     for agent in &status.agents {
         let last = agent
-            .last_activity
-            .as_deref()
-            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
-            .map_or_else(
-                || "-".to_owned(),
-                |t| crate::output::age(t.with_timezone(&Utc), now),
-            );
-        let name = if agent.has_inbox {
-            agent.name.clone()
-        } else {
-            format!("{} (no inbox)", agent.name)
-        };
+            .last_activity_at()
+            .map_or_else(|| "-".to_owned(), |t| crate::output::age(t, now));
+        let name = agent.label();
         out!(
             "{name:<20} {:>7} {:>5} {:>8}  {last}",
             agent.unread,

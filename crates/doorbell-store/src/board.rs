@@ -41,6 +41,25 @@ pub struct Status {
     pub warnings: Vec<String>,
 }
 
+impl AgentStatus {
+    /// When the judge last accepted a line in the station's inbox.
+    #[must_use]
+    pub fn last_activity_at(&self) -> Option<DateTime<Utc>> {
+        let at = DateTime::parse_from_rfc3339(self.last_activity.as_deref()?).ok()?;
+        Some(at.with_timezone(&Utc))
+    }
+
+    /// The station's name, and that it has no inbox when it has none.
+    #[must_use]
+    pub fn label(&self) -> String {
+        if self.has_inbox {
+            self.name.clone()
+        } else {
+            format!("{} (no inbox)", self.name)
+        }
+    }
+}
+
 /// The bridge's status as `view` sees it.
 pub fn status(view: &mut View) -> Result<Status> {
     let bridge = view.bridge().clone();
@@ -148,18 +167,9 @@ pub fn markdown(view: &mut View, now: DateTime<Utc>) -> Result<String> {
     );
     for agent in &status.agents {
         let last = agent
-            .last_activity
-            .as_deref()
-            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
-            .map_or_else(
-                || "-".to_owned(),
-                |t| format!("{} ago", silent_for(t.with_timezone(&Utc), now)),
-            );
-        let name = if agent.has_inbox {
-            agent.name.clone()
-        } else {
-            format!("{} (no inbox)", agent.name)
-        };
+            .last_activity_at()
+            .map_or_else(|| "-".to_owned(), |t| format!("{} ago", silent_for(t, now)));
+        let name = agent.label();
         let _ = writeln!(
             out,
             "| {name} | {} | {} | {} | {last} |",
