@@ -128,6 +128,36 @@ struct Held {
     gen: u32,
     offset: u64,
     bytes: Vec<u8>,
+    /// The line's id: a later line with the same id waits behind it.
+    id: String,
+}
+
+/// The lines held in one sweep, by the request they wait for, and their ids (a later line
+/// with a held id waits in the same place).
+#[derive(Debug, Default)]
+struct HeldLines {
+    by_request: HashMap<String, Vec<Held>>,
+    ids: HashMap<String, String>,
+}
+
+impl HeldLines {
+    fn hold(&mut self, request: String, line: Held) {
+        self.ids.insert(line.id.clone(), request.clone());
+        self.by_request.entry(request).or_default().push(line);
+    }
+
+    /// The lines that waited for `request`, in the order they were held.
+    fn release(&mut self, request: &str) -> Vec<Held> {
+        let lines = self.by_request.remove(request).unwrap_or_default();
+        for line in &lines {
+            self.ids.remove(&line.id);
+        }
+        lines
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_request.is_empty()
+    }
 }
 
 /// An inbox file the judge keeps open.
@@ -324,7 +354,7 @@ impl Judge {
     /// the ledger, every other inbox is read to its end before the line is refused.
     pub fn sweep(&mut self, names: &[String], now: DateTime<Utc>) -> Result<CatchUp> {
         let mut stats = CatchUp::default();
-        let mut held: HashMap<String, Vec<Held>> = HashMap::new();
+        let mut held = HeldLines::default();
         let mut holds = self.holds;
         for name in names {
             if !self.inbox_names.contains(name) {
@@ -346,7 +376,7 @@ impl Judge {
         }
         // Every inbox has been read to its end after the held lines were read: what is still
         // held answers no request.
-        let mut rest: Vec<Held> = held.into_values().flatten().collect();
+        let mut rest: Vec<Held> = held.by_request.into_values().flatten().collect();
         rest.sort_by(|a, b| (&a.inbox, a.offset).cmp(&(&b.inbox, b.offset)));
         for line in rest {
             self.judge_complete(
@@ -722,7 +752,7 @@ impl Judge {
         &mut self,
         name: &str,
         now: DateTime<Utc>,
-        held: &mut HashMap<String, Vec<Held>>,
+        held: &mut HeldLines,
         stats: &mut CatchUp,
     ) -> Result<Option<(File, std::fs::Metadata)>> {
         let path = self.bridge.inbox_path(name)?;
@@ -771,7 +801,7 @@ impl Judge {
         name: &str,
         old: &OpenInbox,
         now: DateTime<Utc>,
-        held: &mut HashMap<String, Vec<Held>>,
+        held: &mut HeldLines,
         stats: &mut CatchUp,
     ) -> Result<()> {
         let Some(journal) = self.snapshot.inboxes.get(name) else {
@@ -795,7 +825,7 @@ impl Judge {
         &mut self,
         name: &str,
         now: DateTime<Utc>,
-        held: &mut HashMap<String, Vec<Held>>,
+        held: &mut HeldLines,
         stats: &mut CatchUp,
     ) -> Result<()> {
         let Some((file, meta)) = self.current_file(name, now, held, stats)? else {
@@ -855,13 +885,14 @@ impl Judge {
         gen: u32,
         file: &File,
         now: DateTime<Utc>,
-        held: &mut HashMap<String, Vec<Held>>,
+        held: &mut HeldLines,
         stats: &mut CatchUp,
     ) -> Result<u64> {
         let start = self.snapshot.inboxes[name].judged_to;
         let beyond = self.snapshot.inboxes[name].judged_beyond.clone();
         // Lines already held in this sweep are read again, not judged again.
         let holding: HashSet<u64> = held
+            .by_request
             .values()
             .flatten()
             .filter(|h| h.inbox == name && h.gen == gen)
@@ -1019,7 +1050,7 @@ impl Judge {
         offset: u64,
         bytes: &[u8],
         now: DateTime<Utc>,
-        mut held: Option<&mut HashMap<String, Vec<Held>>>,
+        mut held: Option<&mut HeldLines>,
         stats: &mut CatchUp,
     ) -> Result<()> {
         // The judge's own line: an id it journaled and, while its intent is open, exactly the
@@ -1040,18 +1071,37 @@ impl Judge {
             &self.snapshot.ledger,
             &own,
         );
-        if let (Verdict::Refused(refusal), Some(envelope), Some(held)) =
-            (&verdict, &envelope, held.as_deref_mut())
-        {
-            if refusal.reason == RefusalReason::UnknownRequest {
-                let request = envelope.correlates_to.as_deref().unwrap_or_default();
+        if let (Some(envelope), Some(held)) = (&envelope, held.as_deref_mut()) {
+            let unknown_request = matches!(
+                &verdict,
+                Verdict::Refused(refusal) if refusal.reason == RefusalReason::UnknownRequest
+            );
+            // A line whose id a held line already carries is judged after it, as it was
+            // written after it: otherwise a reuse would claim the id first.
+            let behind = held.ids.get(&*envelope.id).cloned();
+            let bucket = match (unknown_request, behind) {
+                (_, Some(request)) => Some(request),
+                (true, None) => Some(
+                    envelope
+                        .correlates_to
+                        .as_deref()
+                        .unwrap_or_default()
+                        .to_owned(),
+                ),
+                (false, None) => None,
+            };
+            if let Some(request) = bucket {
                 self.holds += 1;
-                held.entry(request.to_owned()).or_default().push(Held {
-                    inbox: name.to_owned(),
-                    gen,
-                    offset,
-                    bytes: bytes.to_vec(),
-                });
+                held.hold(
+                    request,
+                    Held {
+                        inbox: name.to_owned(),
+                        gen,
+                        offset,
+                        bytes: bytes.to_vec(),
+                        id: envelope.id.to_string(),
+                    },
+                );
                 return Ok(());
             }
         }
@@ -1099,7 +1149,7 @@ impl Judge {
         )?;
         // Lines that were waiting for this request can be judged now.
         if let (Some(id), Some(held)) = (new_request, held) {
-            for line in held.remove(&id).unwrap_or_default() {
+            for line in held.release(&id) {
                 self.judge_complete(
                     &line.inbox,
                     line.gen,
