@@ -79,8 +79,10 @@ enum Wrong {
     Closed,
     /// The addressee cancelling: `bad-transition`.
     Transition,
-    /// Someone who is neither party answering: `not-addressee`.
+    /// Someone who is neither party answering, in the requester's inbox: `not-addressee`.
     ThirdParty,
+    /// The same in the addressee's inbox (to = the addressee): `not-addressee` too.
+    ThirdPartyToAddressee,
 }
 
 /// What happens while a partial line waits for its end.
@@ -183,7 +185,8 @@ fn op() -> impl Strategy<Value = Op> {
     let wrong = prop_oneof![
         Just(Wrong::Closed),
         Just(Wrong::Transition),
-        Just(Wrong::ThirdParty)
+        Just(Wrong::ThirdParty),
+        Just(Wrong::ThirdPartyToAddressee)
     ];
     let pause = prop_oneof![Just(Pause::Look), Just(Pause::Kill), Just(Pause::Term)];
     prop_oneof![
@@ -741,7 +744,9 @@ impl Case {
                 .map(|(id, _)| id.clone())
                 .collect(),
             Wrong::Transition => self.model.open_requests(),
-            Wrong::ThirdParty => self.model.requests.keys().cloned().collect(),
+            Wrong::ThirdParty | Wrong::ThirdPartyToAddressee => {
+                self.model.requests.keys().cloned().collect()
+            }
         };
         if candidates.is_empty() {
             return;
@@ -751,7 +756,7 @@ impl Case {
         let (from, state) = match how {
             Wrong::Closed => (r.addressee.clone(), "completed"),
             Wrong::Transition => (r.addressee.clone(), "canceled"),
-            Wrong::ThirdParty => {
+            Wrong::ThirdParty | Wrong::ThirdPartyToAddressee => {
                 let third = self
                     .model
                     .agents
@@ -763,10 +768,14 @@ impl Case {
                 (third, "completed")
             }
         };
+        let to = match how {
+            Wrong::ThirdPartyToAddressee => &r.addressee,
+            _ => &r.requester,
+        };
         let id = self.model.fresh_id();
-        let (text, env) = response(&id, &from, &r.requester, &request, state);
-        let expect = self.model.judge(&r.requester, &env, text.len());
-        self.raw(&r.requester, &text, expect);
+        let (text, env) = response(&id, &from, to, &request, state);
+        let expect = self.model.judge(to, &env, text.len());
+        self.raw(to, &text, expect);
     }
 
     fn invalid(&mut self, from: usize, to: usize, how: Bad) {

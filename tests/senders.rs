@@ -573,3 +573,347 @@ fn a_torn_fragment_spoils_only_itself() {
         );
     }
 }
+
+// ------------------------------------------------------------------------------------------
+// 5. The sender's word is the judge's word
+
+/// The rules only the ledger knows: `doorbell send` checks them against the ledger as it
+/// stands, the script cannot (the judge's verdict is final for both).
+const STATEFUL: [&str; 7] = [
+    "context-mismatch",
+    "not-addressee",
+    "misaddressed",
+    "unknown-request",
+    "request-closed",
+    "bad-transition",
+    "id-reused",
+];
+
+/// One send's flags, each picked from values the judge accepts and values it refuses.
+#[derive(Debug, Clone)]
+struct Flags {
+    from: &'static str,
+    to: &'static str,
+    kind: Option<&'static str>,
+    state: Option<&'static str>,
+    /// Answer a request of this case's own (web asks design).
+    correlates: Option<&'static str>,
+    context: Option<&'static str>,
+    task: Option<String>,
+    priority: Option<&'static str>,
+    reply_by: Option<&'static str>,
+    /// `Some(true)`: a fresh id of the case's own; `Some(false)`: a reserved one.
+    id: Option<bool>,
+}
+
+/// Values for each flag that the judge may refuse.
+const ODD_FROM: [&str; 10] = [
+    "web",
+    "design",
+    "ops",
+    "review-loop",
+    "cron",
+    "ghost",
+    "bridge",
+    "debt-loop",
+    "all",
+    "Web",
+];
+const ODD_TO: [&str; 6] = ["design", "web", "chief", "ghost", "bridge", "cron"];
+const ODD_KIND: [&str; 4] = ["request", "response", "note", "ask"];
+const ODD_STATE: [&str; 6] = [
+    "submitted",
+    "working",
+    "input-required",
+    "completed",
+    "canceled",
+    "done",
+];
+const ODD_TASK: [usize; 3] = [0, 256, 257];
+const ODD_PRIORITY: [&str; 4] = ["0", "3", "7", "high"];
+const ODD_REPLY_BY: [&str; 4] = ["2h", "2026-12-31T10:00:00Z", "soon", "2026-13-01"];
+
+/// A valid send (a note, a request, a loop's request, the addressee's answer) with its
+/// optional flags, then, in most cases, one or two flags changed to any value of its list.
+fn flags_strategy() -> impl Strategy<Value = Flags> {
+    let shape = prop::sample::select(vec![
+        ("web", "design", None, None, None),
+        ("ops", "web", Some("note"), None, None),
+        ("design", "chief", Some("request"), None, None),
+        (
+            "review-loop",
+            "design",
+            Some("request"),
+            Some("submitted"),
+            None,
+        ),
+        ("cron", "web", Some("note"), None, None),
+        ("design", "web", None, Some("working"), Some("own")),
+        (
+            "design",
+            "web",
+            Some("response"),
+            Some("completed"),
+            Some("own"),
+        ),
+        (
+            "design",
+            "web",
+            Some("response"),
+            Some("input-required"),
+            Some("own"),
+        ),
+    ]);
+    let optional = (
+        prop::option::of(prop::sample::select(vec!["ctx-1", "ctx 1"])),
+        prop::option::of(prop::sample::select(ODD_TASK.to_vec())),
+        prop::option::of(prop::sample::select(vec!["0", "3"])),
+        prop::option::of(prop::sample::select(vec!["2h", "2026-12-31T10:00:00Z"])),
+        prop::option::of(prop::bool::weighted(0.9)),
+    );
+    let changes = prop::collection::vec((0..7usize, 0..10usize, any::<bool>()), 0..=2);
+    (shape, optional, changes).prop_map(
+        |(
+            (from, to, kind, state, correlates),
+            (context, task, priority, reply_by, id),
+            changes,
+        )| {
+            let mut flags = Flags {
+                from,
+                to,
+                kind,
+                state,
+                correlates,
+                context,
+                task: task.map(|n| "x".repeat(n)),
+                priority,
+                reply_by,
+                id,
+            };
+            for (field, pick, drop) in changes {
+                let some = |values: &[&'static str]| (!drop).then(|| values[pick % values.len()]);
+                match field {
+                    0 => flags.from = ODD_FROM[pick],
+                    1 => flags.to = ODD_TO[pick % ODD_TO.len()],
+                    2 => flags.kind = some(&ODD_KIND),
+                    3 => flags.state = some(&ODD_STATE),
+                    4 => flags.correlates = some(&["own", "bad id", "own"]),
+                    5 => flags.priority = some(&ODD_PRIORITY),
+                    _ => flags.reply_by = some(&ODD_REPLY_BY),
+                }
+            }
+            flags
+        },
+    )
+}
+
+impl Flags {
+    /// The arguments for one sender; `own` names the sender's own request and id.
+    fn args(&self, own: &str) -> Vec<String> {
+        let mut args: Vec<String> = vec!["--from".into(), self.from.into()];
+        args.extend(["--to".into(), self.to.into()]);
+        let mut flag = |name: &str, value: Option<String>| {
+            if let Some(value) = value {
+                args.push(format!("--{name}"));
+                args.push(value);
+            }
+        };
+        flag("kind", self.kind.map(Into::into));
+        flag("state", self.state.map(Into::into));
+        flag(
+            "correlates-to",
+            self.correlates
+                .map(|c| if c == "own" { own.to_owned() } else { c.into() }),
+        );
+        flag("context-id", self.context.map(Into::into));
+        flag("task-id", self.task.clone());
+        flag("priority", self.priority.map(Into::into));
+        flag("reply-by", self.reply_by.map(Into::into));
+        flag(
+            "id",
+            self.id.map(|fresh| {
+                if fresh {
+                    format!("{own}-line")
+                } else {
+                    format!("{own}:x")
+                }
+            }),
+        );
+        args.extend(["--".into(), "parity".into()]);
+        args
+    }
+}
+
+/// The bridge of the parity test: stations web, design and chief with inboxes, `ops` a
+/// station of the config only, a loop with an owner and one without; a judge has run once,
+/// so the names file is in place.
+fn parity_bridge() -> Bridge {
+    let bridge = Bridge::with_agents(&["web", "design", "chief"]);
+    let config = bridge.tmp.path().join("home/.config/doorbell");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("doorbell.toml"),
+        "[[agent]]\nname = \"ops\"\n\n[[loop]]\nname = \"review-loop\"\nowner = \"chief\"\n\n\
+         [[loop]]\nname = \"cron\"\n",
+    )
+    .unwrap();
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    bridge
+}
+
+/// The judge's verdict and reason for the line with this id.
+fn verdict_of(bridge: &Bridge, id: &str) -> (String, Option<String>) {
+    let shown = bridge.doorbell(&["show", id, "--json"]);
+    let shown: Value = serde_json::from_str(shown.ok()).unwrap();
+    (
+        shown["verdict"].as_str().unwrap().to_owned(),
+        shown["reason"].as_str().map(str::to_owned),
+    )
+}
+
+/// How the cases ended: both sent, both refused, the binary foresaw a stateful refusal.
+#[derive(Default)]
+struct Ends {
+    sent: usize,
+    refused: usize,
+    stateful: usize,
+}
+
+fn senders_agree(
+    bridge: &Bridge,
+    ends: &mut Ends,
+    case: usize,
+    flags: &Flags,
+) -> Result<(), TestCaseError> {
+    let mut outcomes = Vec::new();
+    for sender in BOTH {
+        // Each sender answers a request of its own, so one's answer cannot close the other's.
+        let own = format!("c{case}-{sender:?}");
+        bridge
+            .doorbell(&[
+                "send", "--from", "web", "--to", "design", "--kind", "request", "--id", &own, "ask",
+            ])
+            .ok();
+        let args = flags.args(&own);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let before: Vec<usize> = ["web", "design", "chief"]
+            .iter()
+            .map(|a| bridge.lines(a).len())
+            .collect();
+        let run = match sender {
+            Sender::Binary => bridge.doorbell(&[&["send"], &args[..]].concat()),
+            Sender::Script => bridge.script(&args, None),
+        };
+        let after: Vec<usize> = ["web", "design", "chief"]
+            .iter()
+            .map(|a| bridge.lines(a).len())
+            .collect();
+        let written = after.iter().sum::<usize>() - before.iter().sum::<usize>();
+        prop_assert!(
+            run.code == 0 || run.code == 2,
+            "{sender:?} failed at run time: {}",
+            run.stderr
+        );
+        prop_assert_eq!(
+            written,
+            usize::from(run.code == 0),
+            "{:?} exited {} and wrote {} lines: {}",
+            sender,
+            run.code,
+            written,
+            run.stderr
+        );
+        outcomes.push(run);
+    }
+    let (binary, script) = (&outcomes[0], &outcomes[1]);
+    let stateful = STATEFUL
+        .iter()
+        .find(|code| binary.stderr.contains(&format!("refused: {code}:")));
+    if stateful.is_none() {
+        prop_assert_eq!(
+            binary.code,
+            script.code,
+            "the senders disagree on {:?}\nbinary: {}{}\nscript: {}{}",
+            flags,
+            binary.stdout,
+            binary.stderr,
+            script.stdout,
+            script.stderr
+        );
+    }
+    match (stateful, binary.code) {
+        (Some(_), _) => ends.stateful += 1,
+        (None, 0) => ends.sent += 1,
+        (None, _) => ends.refused += 1,
+    }
+    // Whatever a sender reported sent, the judge accepts, except the stateful refusal the
+    // binary foresaw and the script could not.
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    for (sender, run) in BOTH.iter().zip(&outcomes) {
+        if run.code != 0 {
+            continue;
+        }
+        let id = run.stdout.trim();
+        let (verdict, reason) = verdict_of(bridge, id);
+        if let (Sender::Script, Some(code)) = (sender, stateful) {
+            prop_assert_eq!(
+                reason.as_deref(),
+                Some(*code),
+                "the judge should refuse what the binary foresaw: {:?}",
+                flags
+            );
+        } else {
+            prop_assert_eq!(
+                verdict.as_str(),
+                "accepted",
+                "{:?} said sent for a line the judge refused ({:?}): {:?}",
+                sender,
+                reason,
+                flags
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn both_senders_refuse_what_the_judge_would_and_nothing_else() {
+    let started = Instant::now();
+    let bridge = parity_bridge();
+    let names = std::fs::read_to_string(bridge.dir().join(".doorbell/names")).unwrap();
+    assert!(names.contains("loop review-loop chief\n"), "{names}");
+    assert!(
+        names.contains("loop cron\n") && names.contains("station ops\n"),
+        "{names}"
+    );
+    let cases = if std::env::var_os("DOORBELL_LONG").is_some() {
+        600
+    } else {
+        96
+    };
+    let config = Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let case = std::cell::Cell::new(0);
+    let ends = std::cell::RefCell::new(Ends::default());
+    let mut runner = TestRunner::new(config);
+    let result = runner.run(&flags_strategy(), |flags| {
+        case.set(case.get() + 1);
+        senders_agree(&bridge, &mut ends.borrow_mut(), case.get(), &flags)
+    });
+    if let Err(error) = result {
+        panic!("{error}");
+    }
+    let ends = ends.into_inner();
+    eprintln!(
+        "parity: {cases} cases: both sent {}, both refused {}, stateful {}; {:.1?}",
+        ends.sent,
+        ends.refused,
+        ends.stateful,
+        started.elapsed()
+    );
+    // Each kind of end must occur, or the cases test less than they seem to.
+    assert!(ends.sent > 0 && ends.refused > 0, "a one-sided run");
+}

@@ -20,6 +20,30 @@ pub const CURSOR_SUFFIX: &str = "-inbox.cursor";
 /// The judge's own folder inside the bridge.
 pub const STATE_DIR: &str = ".doorbell";
 
+/// The judge's names for `scripts/doorbell-send`, in `.doorbell/`: see [`names_file`].
+pub const NAMES_FILE: &str = "names";
+
+/// The names file's text: the judge's stations that have no inbox (config `[[agent]]`
+/// entries) and its loops, one per line as `station NAME`, `loop NAME` or `loop NAME OWNER`.
+/// A station with an inbox is known by its file.
+#[must_use]
+pub fn names_file(registry: &Registry, inboxes: &std::collections::BTreeSet<String>) -> String {
+    let mut text = String::from(
+        "# The judge's names, kept by the daemon for scripts/doorbell-send (which cannot read the config).\n",
+    );
+    for station in registry.stations.difference(inboxes) {
+        text.extend(["station ", station, "\n"]);
+    }
+    for name in &registry.loops {
+        text.extend(["loop ", name]);
+        if let Some(owner) = registry.owners.get(name) {
+            text.extend([" ", owner]);
+        }
+        text.push('\n');
+    }
+    text
+}
+
 /// An open bridge folder and the config that applies to it.
 #[derive(Debug, Clone)]
 pub struct Bridge {
@@ -139,6 +163,12 @@ impl Bridge {
         }
         paths.sort();
         Ok(paths)
+    }
+
+    /// Replace `.doorbell/names` with `text` (see [`names_file`]).
+    pub fn publish_names(&self, text: &str) -> Result<()> {
+        let path = self.state_dir()?.join(NAMES_FILE);
+        crate::atomic::write_atomic(&path, text.as_bytes())
     }
 
     /// Stations (inboxes and `[[agent]]` entries) and config loops.

@@ -199,6 +199,8 @@ pub struct Judge {
     interrupt: Arc<AtomicBool>,
     /// How many times a line was held for its request (a sweep reads again while this grows).
     holds: u64,
+    /// The names file last written for the shell sender (`None`: write it at the next refresh).
+    published_names: Option<String>,
 }
 
 impl Judge {
@@ -218,6 +220,7 @@ impl Judge {
             reader: LineReader::new(limits.max_line_bytes),
             registry: bridge.registry()?,
             inbox_names: bridge.inboxes()?.into_iter().collect(),
+            published_names: None,
             bridge,
             _lock: lock,
             journal_path,
@@ -321,7 +324,22 @@ impl Judge {
     fn refresh_registry(&mut self) -> Result<()> {
         self.registry = self.bridge.registry()?;
         self.inbox_names = self.bridge.inboxes()?.into_iter().collect();
+        self.publish_names();
         Ok(())
+    }
+
+    /// Keep `.doorbell/names` equal to the judge's registry, so the shell sender, which cannot
+    /// read the config, refuses what this judge would. Written only when it changes; a failed
+    /// write is retried at the next refresh and never stops judging.
+    fn publish_names(&mut self) {
+        let text = crate::bridge::names_file(&self.registry, &self.inbox_names);
+        if self.published_names.as_ref() == Some(&text) {
+            return;
+        }
+        match self.bridge.publish_names(&text) {
+            Ok(()) => self.published_names = Some(text),
+            Err(e) => tracing::warn!(error = %e, "could not write the names file; will try again"),
+        }
     }
 
     /// Judge everything waiting in every inbox, write every notice due, and judge those
