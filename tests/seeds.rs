@@ -359,7 +359,7 @@ fn a_loop_without_an_owner_or_answering_is_refused_before_anything_is_written() 
         "{}",
         respond.stderr
     );
-    // Written as a line anyway (the shell sender cannot read the config): the judge refuses it
+    // Written as a line anyway, by a writer that checks nothing: the judge refuses it
     // for the same reason.
     bridge.append_raw(
         "marketing",
