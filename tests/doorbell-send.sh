@@ -187,7 +187,9 @@ done
 n64=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
 id128=$n64$n64
 : >"$D/$n64-inbox.jsonl"
+: >"$D/0.a_b-c-inbox.jsonl"
 "$S" --to "$n64" --from 0.a_b-c --id "$id128" x >/dev/null && ok || fail "64-char name and 128-char id accepted"
+rm "$D/0.a_b-c-inbox.jsonl"
 printf 'from dash stdin\n' | "$S" --to web - >/dev/null && [ "$(tail -n 1 "$INBOX" | jq -r '.message.parts[0].text')" = "from dash stdin" ] && ok || fail "'-' reads stdin"
 "$S" --help | grep -q 'usage: doorbell-send' && ok || fail "--help"
 
@@ -214,6 +216,7 @@ expect_refused 2 "response without --state" "$S" --to web --correlates-to r1 x
 expect_refused 2 "response with state submitted" "$S" --to web --correlates-to r1 --state submitted x
 expect_refused 2 "note with --state" "$S" --to web --kind note --state working x
 expect_refused 2 "request with --correlates-to" "$S" --to web --kind request --correlates-to r1 x
+expect_refused 2 "unknown sender" "$S" --to web --from ghost x
 expect_refused 2 "request with state working" "$S" --to web --kind request --state working x
 expect_refused 2 "reserved id with ':'" "$S" --to web --id debt:1 x
 expect_refused 2 "id of 129 chars" "$S" --to web --id "${id128}a" x
@@ -282,6 +285,11 @@ echo "== 16 concurrent senders x 100"
 C=$T/conc
 mkdir "$C"
 : >"$C/sink-inbox.jsonl"
+k=1
+while [ $k -le 16 ]; do
+	: >"$C/s$k-inbox.jsonl" # a sender is a station
+	k=$((k + 1))
+done
 k=1
 while [ $k -le 16 ]; do
 	(
