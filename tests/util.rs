@@ -130,6 +130,13 @@ impl Bridge {
         command
     }
 
+    /// Write the bridge's config file (`$XDG_CONFIG_HOME/doorbell/doorbell.toml`).
+    pub fn config(&self, text: &str) {
+        let dir = self.tmp.path().join("home/.config/doorbell");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("doorbell.toml"), text).unwrap();
+    }
+
     /// Run `doorbell ARGS` with no stdin.
     pub fn doorbell(&self, args: &[&str]) -> Run {
         run(self.command(args), None)
@@ -229,7 +236,11 @@ pub fn run(mut command: Command, stdin: Option<&[u8]>) -> Run {
     let mut child = command.spawn().expect("spawn");
     if let Some(bytes) = stdin {
         let mut pipe = child.stdin.take().unwrap();
-        pipe.write_all(bytes).unwrap();
+        match pipe.write_all(bytes) {
+            // The command may end without reading its input (a usage error): not ours to fail.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            other => other.unwrap(),
+        }
     }
     Run::from(&child.wait_with_output().unwrap())
 }
@@ -667,4 +678,44 @@ impl Drop for Watch {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The Python of the tests' virtual environment (`target/test-venv`), made from
+/// `tests/python/requirements.txt` the first time a test needs it: the official SDKs that
+/// drive doorbell as their users' programs would. One test makes it; the others wait.
+pub fn python() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let requirements = root.join("tests/python/requirements.txt");
+    let venv = root.join("target/test-venv");
+    let stamp = venv.join("requirements.txt");
+    let wanted = std::fs::read(&requirements).unwrap();
+    std::fs::create_dir_all(root.join("target")).unwrap();
+    let lock = std::fs::File::create(root.join("target/test-venv.lock")).unwrap();
+    lock.lock().unwrap();
+    if std::fs::read(&stamp).ok().as_ref() != Some(&wanted) {
+        let _ = std::fs::remove_dir_all(&venv);
+        let made = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .output()
+            .expect("python3 runs (scripts/test installs it)");
+        assert!(
+            made.status.success(),
+            "python3 -m venv failed (scripts/test installs python3-venv): {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+        let pip = Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
+            .arg(&requirements)
+            .output()
+            .unwrap();
+        assert!(
+            pip.status.success(),
+            "pip install -r {} failed: {}",
+            requirements.display(),
+            String::from_utf8_lossy(&pip.stderr)
+        );
+        std::fs::write(&stamp, &wanted).unwrap();
+    }
+    venv.join("bin/python")
 }

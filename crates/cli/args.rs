@@ -40,7 +40,7 @@ pub enum Command {
     Thread(ThreadArgs),
     /// Print an agent's backlog, then each new accepted message as it is judged
     Watch(WatchArgs),
-    /// Block until a request is answered (terminal or input-required)
+    /// Block until requests are answered (terminal or input-required): each, or with --any the first
     Wait(WaitArgs),
     /// Per agent: unread, owes, is owed, last activity; the judge; refusals; warnings
     Status(StatusArgs),
@@ -55,6 +55,10 @@ pub enum Command {
     /// Create and list stations
     #[command(subcommand)]
     Agent(AgentCommand),
+    /// A harness hook: read the harness's JSON on stdin, answer in its JSON on stdout
+    Hook(HookArgs),
+    /// Serve MCP on stdin and stdout as one agent: send, reply, read, wait, debts, show, status
+    Mcp(McpArgs),
     /// Print shell completions (bash, zsh, fish, elvish, powershell)
     Completions {
         #[arg(value_enum)]
@@ -158,6 +162,34 @@ pub struct DebtsArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct McpArgs {
+    /// The agent the server acts as (default: `$DOORBELL_AGENT`)
+    #[arg(long, env = "DOORBELL_AGENT", value_name = "AGENT")]
+    pub agent: String,
+}
+
+/// The coding harness a hook runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Harness {
+    Claude,
+    Codex,
+    Gemini,
+}
+
+#[derive(Debug, Args)]
+pub struct HookArgs {
+    /// The harness's event: `SessionStart`, `UserPromptSubmit`, `PostToolUse`, `Stop` (Claude
+    /// Code, Codex); `SessionStart`, `BeforeAgent`, `AfterTool`, `AfterAgent` (Gemini CLI)
+    pub event: String,
+    /// The agent whose inbox this is (default: `$DOORBELL_AGENT`)
+    #[arg(long, env = "DOORBELL_AGENT", value_name = "AGENT")]
+    pub agent: Option<String>,
+    /// Whose JSON to read and write
+    #[arg(long, value_enum, default_value = "claude")]
+    pub harness: Harness,
+}
+
+#[derive(Debug, Args)]
 pub struct ThreadArgs {
     /// The thread's contextId (a request's id, unless it named another)
     pub context: String,
@@ -167,6 +199,7 @@ pub struct ThreadArgs {
 }
 
 #[derive(Debug, Args)]
+#[allow(clippy::struct_excessive_bools)] // clap flags
 pub struct ReadArgs {
     /// Whose inbox
     pub agent: String,
@@ -179,6 +212,17 @@ pub struct ReadArgs {
     /// One JSON line per message
     #[arg(long)]
     pub json: bool,
+    /// Block until at least one unread message, print, move the cursor, exit
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: give up after this long (exit 124)
+    #[arg(
+        long,
+        default_value = "60s",
+        value_name = "DURATION",
+        requires = "wait"
+    )]
+    pub timeout: String,
 }
 
 #[derive(Debug, Args)]
@@ -192,12 +236,14 @@ pub struct WatchArgs {
 
 #[derive(Debug, Args)]
 pub struct WaitArgs {
-    /// The request to wait for
-    pub id: String,
+    /// The requests to wait for; a broadcast's id stands for its requests, one per station
+    #[arg(required = true, value_name = "ID")]
+    pub ids: Vec<String>,
     /// Give up after this long (exit 124)
     #[arg(long, default_value = "60s", value_name = "DURATION")]
     pub timeout: String,
-    /// Return at the first response, whatever its state
+    /// Return at the first answer: any response counts, and of several requests the first
+    /// answered ends the wait
     #[arg(long)]
     pub any: bool,
     /// One JSON document
@@ -302,6 +348,9 @@ impl Cli {
             Command::Daemon(args) if args.once => crate::session::daemon_once(&session()?),
             Command::Daemon(_) => crate::daemon::run(&session()?, config.as_deref()),
             Command::Compact => crate::session::compact(&session()?),
+            // A hook never fails its harness's turn: errors are said on stderr, no decision.
+            Command::Hook(args) => Ok(crate::hook::run(dir.as_deref(), config.as_deref(), &args)),
+            Command::Mcp(args) => crate::mcp::run(session()?, &args.agent),
             Command::Agent(AgentCommand::Add { name }) => crate::agent::add(&session()?, &name),
             Command::Agent(AgentCommand::List { json }) => crate::agent::list(&session()?, json),
             // Generated from the command definitions: no bridge and no config needed.

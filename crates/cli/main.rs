@@ -8,6 +8,8 @@ mod args;
 mod check;
 mod daemon;
 mod exit;
+mod hook;
+mod mcp;
 mod read;
 mod reply;
 mod report;
@@ -19,10 +21,34 @@ mod wait;
 mod watch;
 
 fn main() {
-    let args = <args::Cli as clap::Parser>::parse();
+    let args = match <args::Cli as clap::Parser>::try_parse() {
+        Ok(args) => args,
+        // A harness reads exit 2 from a hook as "block": a hook's bad command line is a
+        // plain failure (1) instead, with clap's message.
+        Err(error) if error.use_stderr() && is_hook() => {
+            let _ = error.print();
+            std::process::exit(exit::FAILURE);
+        }
+        Err(error) => error.exit(),
+    };
     let code = match args.run() {
         Ok(code) => code,
         Err(error) => exit::report(&error),
     };
     std::process::exit(code);
+}
+
+/// Whether the command line is `doorbell [global options] hook …`.
+fn is_hook() -> bool {
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--dir" | "--config" => {
+                args.next();
+            }
+            a if a.starts_with('-') => {}
+            a => return a == "hook",
+        }
+    }
+    false
 }

@@ -32,8 +32,8 @@ pub struct JsonMessage<'a> {
 
 /// How printing ended.
 pub enum Printed {
-    /// Everything accepted up to this offset was written and flushed.
-    Upto(u64),
+    /// Everything accepted up to this offset was written and flushed: this many messages.
+    Upto(u64, usize),
     /// The reader of our output went away.
     ClosedPipe,
 }
@@ -67,6 +67,7 @@ pub fn print_accepted(
 ) -> anyhow::Result<Printed> {
     let Inbox { agent, path, file } = *inbox;
     let now = Utc::now();
+    let mut count = 0;
     let result = journal.accepted_lines(file, from, |offset, bytes| -> Result<(), Stop> {
         let Some(envelope) = envelope_of(bytes) else {
             // Accepted bytes always parse; these changed under us.
@@ -91,6 +92,7 @@ pub fn print_accepted(
         } else {
             format!("{}\n", output::message(&envelope, now))
         };
+        count += 1;
         match out.write_all(text.as_bytes()) {
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Stop::ClosedPipe),
             other => Ok(other?),
@@ -104,11 +106,22 @@ pub fn print_accepted(
     match out.flush() {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(Printed::ClosedPipe),
         Err(e) => Err(e).context("writing to stdout"),
-        Ok(()) => Ok(Printed::Upto(upto)),
+        Ok(()) => Ok(Printed::Upto(upto, count)),
     }
 }
 
 pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
+    if args.wait {
+        if args.peek || args.all {
+            return Err(crate::exit::refused(
+                "--wait reads what is unread and moves the cursor: it cannot go with --peek or --all",
+            ));
+        }
+        let timeout = doorbell_core::duration::parse_duration(&args.timeout)
+            .map_err(|e| crate::exit::refused(format!("--timeout: {e}")))?;
+        let until = crate::watch::Until::FirstMessages(std::time::Instant::now() + timeout);
+        return crate::watch::follow(session, &args.agent, args.json, until, "read");
+    }
     let bridge = session.bridge()?;
     let path = bridge.require_inbox(&args.agent)?;
     let view = view(&bridge)?;
@@ -131,9 +144,9 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
         file: &inbox,
     };
     let printed = print_accepted(&reading, &mut journal, from, args.json, &mut out)?;
-    if let (Printed::Upto(to), false) = (printed, args.peek) {
+    if let (Printed::Upto(to, _), false) = (printed, args.peek) {
         if to > position.offset() {
-            cursor::advance(&bridge, &args.agent, &inbox, to)?;
+            cursor::advance(&bridge, &args.agent, &inbox, to, "read")?;
         }
     }
     Ok(OK)

@@ -32,6 +32,10 @@ struct Shown<'a> {
     detail: Option<&'a str>,
     delivered_at: Option<String>,
     read: bool,
+    /// How it was read (`read`, `watch`, `hook claude UserPromptSubmit`, `mcp`), from the
+    /// agent's read log.
+    read_via: Option<String>,
+    read_at: Option<String>,
     answered_at: Option<String>,
     state: Option<&'a str>,
     thread: Option<&'a str>,
@@ -48,6 +52,18 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
     let bytes = record.line.as_deref();
     let envelope: Option<&RawValue> = bytes.and_then(|b| serde_json::from_slice(b).ok());
     let read = record.read;
+    let how = read
+        .then(|| {
+            let meta = std::fs::symlink_metadata(bridge.inbox_path(&record.inbox).ok()?).ok()?;
+            doorbell_store::cursor::read_via(
+                &bridge,
+                &record.inbox,
+                std::os::unix::fs::MetadataExt::dev(&meta),
+                std::os::unix::fs::MetadataExt::ino(&meta),
+                record.offset,
+            )
+        })
+        .flatten();
     let request = view.request(id);
     let verdict = match record.verdict {
         Word::Accepted => "accepted",
@@ -63,6 +79,8 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
         detail: record.detail.as_deref(),
         delivered_at: time(record.seen_at).filter(|_| record.verdict == Word::Accepted),
         read,
+        read_via: how.as_ref().map(|h| h.via.clone()),
+        read_at: how.as_ref().map(|h| h.at.clone()),
         answered_at: request.as_ref().and_then(|r| r.first_response_at).map(rfc),
         state: request.as_ref().map(|r| r.state.as_str()),
         thread: record.context_id.as_deref(),
@@ -85,7 +103,11 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
     if let Some(at) = &shown.delivered_at {
         out!(
             "  delivered {at}; {}",
-            if read { "read" } else { "not read yet" }
+            match (&shown.read_via, &shown.read_at, read) {
+                (Some(via), Some(at), _) => format!("read through {via} at {at}"),
+                (_, _, true) => "read".to_owned(),
+                _ => "not read yet".to_owned(),
+            }
         )?;
     }
     if let Some(request) = &request {

@@ -21,68 +21,144 @@ pub const ENDED_BADLY: i32 = 4;
 
 /// The last response seen: its id, to print it.
 struct Answer {
-    state: State,
     id: String,
+}
+
+/// What is known of one awaited request: its state and responses so far, and the last
+/// response this wait saw.
+#[derive(Default)]
+struct Awaited {
+    known: Option<(State, u32)>,
+    answer: Option<Answer>,
+}
+
+/// How a wait ended.
+pub enum Waited {
+    /// The requests answered (each one, or with `any` the first), with their states and the
+    /// last response seen, in id order.
+    Answered(Vec<(String, State, Option<String>)>),
+    /// The deadline passed; these were still unanswered.
+    TimedOut(Vec<String>),
 }
 
 pub fn run(session: &Session, args: &WaitArgs) -> anyhow::Result<i32> {
     let timeout = parse_duration(&args.timeout).map_err(|e| refused(format!("--timeout: {e}")))?;
-    let deadline = Instant::now() + timeout;
     let bridge = session.bridge()?;
+    match wait_for(&bridge, &args.ids, args.any, Instant::now() + timeout)? {
+        Waited::TimedOut(waiting) => {
+            eprintln!("doorbell: timed out waiting for {}", waiting.join(", "));
+            Ok(TIMED_OUT)
+        }
+        Waited::Answered(answered) => {
+            let mut code = OK;
+            for (id, state, answer) in &answered {
+                if finish(&bridge, id, *state, answer.as_deref(), args.json)? != OK {
+                    code = ENDED_BADLY;
+                }
+            }
+            Ok(code)
+        }
+    }
+}
+
+/// Wait until each of `ids` (a broadcast's id stands for its requests) is answered: closed or
+/// waiting for input, or with `any` at the first response of any of them.
+pub fn wait_for(
+    bridge: &doorbell_store::Bridge,
+    ids: &[String],
+    any: bool,
+    deadline: Instant,
+) -> anyhow::Result<Waited> {
     let done = |known: Option<(State, u32)>| {
         known.is_some_and(|(state, responses)| {
-            state.is_terminal() || state == State::InputRequired || (args.any && responses > 0)
+            state.is_terminal() || state == State::InputRequired || (any && responses > 0)
         })
     };
-    // Answered already: no need to watch anything.
-    let first = view(&bridge)?
-        .request(&args.id)
-        .map(|r| (r.state, r.responses));
-    if let (true, Some((state, _))) = (done(first), first) {
-        return finish(&bridge, &args.id, state, None, args.json);
+    // Watch before looking, so that nothing between the look and the watch is missed.
+    let events = Events::new(bridge)?;
+    let view = view(bridge)?;
+    // A broadcast's id stands for its requests; an id the ledger does not know yet is
+    // waited for as itself (it may be judged in a moment).
+    let mut named: Vec<String> = Vec::new();
+    for id in ids {
+        match view.requests_named(id)? {
+            found if found.is_empty() => named.push(id.clone()),
+            found => named.extend(found),
+        }
     }
-    // Watch before looking again, so that nothing between the look and the watch is missed.
-    let events = Events::new(&bridge)?;
-    let view = view(&bridge)?;
-    let mut known = view.request(&args.id).map(|r| (r.state, r.responses));
+    named.sort();
+    named.dedup();
+    let mut awaited: Vec<(String, Awaited)> = named
+        .into_iter()
+        .map(|id| {
+            let known = view.request(&id).map(|r| (r.state, r.responses));
+            (
+                id,
+                Awaited {
+                    known,
+                    answer: None,
+                },
+            )
+        })
+        .collect();
     let mut follower = view.updates();
     drop(view);
-    let mut answer: Option<Answer> = None;
     let grace = Instant::now() + GRACE;
     loop {
-        if let Some((state, _)) = known {
-            if done(known) {
-                return finish(&bridge, &args.id, state, answer.as_ref(), args.json);
-            }
-        } else if Instant::now() > grace {
+        let answered: Vec<(String, State, Option<String>)> = awaited
+            .iter()
+            .filter(|(_, a)| done(a.known))
+            .filter_map(|(id, a)| {
+                let (state, _) = a.known?;
+                Some((id.clone(), state, a.answer.as_ref().map(|x| x.id.clone())))
+            })
+            .collect();
+        if any && !answered.is_empty() {
+            return Ok(Waited::Answered(answered.into_iter().take(1).collect()));
+        }
+        if answered.len() == awaited.len() {
+            return Ok(Waited::Answered(answered));
+        }
+        let unknown: Vec<&str> = awaited
+            .iter()
+            .filter(|(_, a)| a.known.is_none())
+            .map(|(id, _)| id.as_str())
+            .collect();
+        if !unknown.is_empty() && Instant::now() > grace {
             return Err(refused(format!(
                 "no request '{}' in the ledger (doorbell debts lists open ones)",
-                args.id
+                unknown.join("', '")
             )));
         }
-        let wake_by = if known.is_none() {
-            grace.min(deadline)
-        } else {
+        let wake_by = if unknown.is_empty() {
             deadline
+        } else {
+            grace.min(deadline)
         };
         if !events.wait(Some(wake_by)) && Instant::now() >= deadline {
-            eprintln!("doorbell: timed out waiting for {}", args.id);
-            return Ok(TIMED_OUT);
+            return Ok(Waited::TimedOut(
+                awaited
+                    .iter()
+                    .filter(|(_, a)| !done(a.known))
+                    .map(|(id, _)| id.clone())
+                    .collect(),
+            ));
         }
         if events.take_unjudged() {
-            judge_if_idle(&bridge)?;
+            judge_if_idle(bridge)?;
         }
         follower.accepted(&mut |line| {
-            if line.id == args.id {
-                known.get_or_insert((State::Submitted, 0));
-            } else if line.correlates_to.as_deref() == Some(&args.id) {
-                if let Some(state) = line.state {
-                    let responses = known.map_or(0, |k| k.1) + 1;
-                    known = Some((state, responses));
-                    answer = Some(Answer {
-                        state,
-                        id: line.id.clone(),
-                    });
+            for (id, a) in &mut awaited {
+                if line.id == *id {
+                    a.known.get_or_insert((State::Submitted, 0));
+                } else if line.correlates_to.as_deref() == Some(id.as_str()) {
+                    if let Some(state) = line.state {
+                        let responses = a.known.map_or(0, |k| k.1) + 1;
+                        a.known = Some((state, responses));
+                        a.answer = Some(Answer {
+                            id: line.id.clone(),
+                        });
+                    }
                 }
             }
         })?;
@@ -93,13 +169,13 @@ fn finish(
     bridge: &doorbell_store::Bridge,
     id: &str,
     state: State,
-    answer: Option<&Answer>,
+    answer: Option<&str>,
     json: bool,
 ) -> anyhow::Result<i32> {
     // The answer's line, found by its id once the wait is over.
     let line = match answer {
         Some(answer) => doorbell_store::View::open(bridge)?
-            .message(&answer.id)?
+            .message(answer)?
             .and_then(|found| found.line),
         None => None,
     };
@@ -112,7 +188,6 @@ fn finish(
     } else {
         out!("{id}: {state}")?;
         if let Some(envelope) = line.as_deref().and_then(doorbell_store::view::envelope_of) {
-            debug_assert_eq!(envelope.state, answer.map(|a| a.state));
             out_text!("{}", crate::output::message(&envelope, chrono::Utc::now()))?;
         }
     }

@@ -16,39 +16,73 @@ use crate::session::{view, Session};
 use doorbell_daemon::waiter::{judge_if_idle, Events};
 
 pub fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<i32> {
+    follow(session, &args.agent, args.json, Until::Stopped, "watch")
+}
+
+/// How long to follow an inbox.
+#[derive(Clone, Copy)]
+pub enum Until {
+    /// Until the reader goes away (`watch`).
+    Stopped,
+    /// Until at least one message was printed, or this deadline (`read --wait`: exit 124).
+    FirstMessages(std::time::Instant),
+}
+
+/// Print `agent`'s unread messages, then each new one as it is judged, moving the cursor
+/// after each flush; the read log names the path as `via`.
+pub fn follow(
+    session: &Session,
+    agent: &str,
+    json: bool,
+    until: Until,
+    via: &str,
+) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
-    let path = bridge.require_inbox(&args.agent)?;
+    let path = bridge.require_inbox(agent)?;
     let events = Events::new(&bridge)?;
     let mut inbox = open_inbox(&path, false)?;
-    let position = cursor::load(&bridge, &args.agent, &inbox)?;
-    warn_replaced(&args.agent, position);
+    let position = cursor::load(&bridge, agent, &inbox)?;
+    warn_replaced(agent, position);
     let mut printed_to = position.offset();
     let (mut journal, mut follower) = {
         let view = view(&bridge)?;
         let journal = view
-            .inbox(&args.agent, printed_to)?
-            .unwrap_or_else(|| InboxView::empty(&args.agent));
+            .inbox(agent, printed_to)?
+            .unwrap_or_else(|| InboxView::empty(agent));
         (journal, view.updates())
     };
     let mut out = std::io::stdout().lock();
     loop {
         if identity(&inbox)? == (journal.journal.dev, journal.journal.ino) {
             let reading = Inbox {
-                agent: &args.agent,
+                agent,
                 path: &path,
                 file: &inbox,
             };
-            match print_accepted(&reading, &mut journal, printed_to, args.json, &mut out)? {
+            match print_accepted(&reading, &mut journal, printed_to, json, &mut out)? {
                 Printed::ClosedPipe => return Ok(OK),
-                Printed::Upto(to) => {
+                Printed::Upto(to, count) => {
                     if to > printed_to {
-                        cursor::advance(&bridge, &args.agent, &inbox, to)?;
+                        cursor::advance(&bridge, agent, &inbox, to, via)?;
                         printed_to = to;
+                    }
+                    if count > 0 && matches!(until, Until::FirstMessages(_)) {
+                        return Ok(OK);
                     }
                 }
             }
         }
-        events.wait(None);
+        match until {
+            Until::Stopped => {
+                events.wait(None);
+            }
+            Until::FirstMessages(deadline) => {
+                if !events.wait(Some(deadline)) && std::time::Instant::now() >= deadline {
+                    eprintln!("doorbell: nothing arrived for {agent} before the timeout");
+                    return Ok(crate::wait::TIMED_OUT);
+                }
+            }
+        }
         if events.take_unjudged() {
             judge_if_idle(&bridge)?;
         }

@@ -38,7 +38,7 @@ pub enum Input {
     /// A daily report was written: announce it.
     Reports,
     /// Use this (validated) config for lines judged from now on.
-    Reload(Config),
+    Reload(Box<Config>),
     /// Write what is due, checkpoint, and return.
     Stop,
 }
@@ -175,7 +175,7 @@ fn receive(judge: &Judge, inputs: &Receiver<Input>, due: &Deadlines) -> Batch {
             }
             Input::Rescan => batch.rescan = true,
             Input::Reports => batch.reports = true,
-            Input::Reload(config) => batch.config = Some(config),
+            Input::Reload(config) => batch.config = Some(*config),
             Input::Stop => batch.stop = true,
         }
     }

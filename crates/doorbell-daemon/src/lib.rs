@@ -95,7 +95,7 @@ pub async fn run(
                     Ok(config) => {
                         let path = config.path.clone();
                         let _ = config_tx.send(Arc::new(config.clone()));
-                        let _ = inputs.send(Input::Reload(config));
+                        let _ = inputs.send(Input::Reload(Box::new(config)));
                         // Logged once handed over: a line written after this is judged with it.
                         tracing::info!(?path, "config reloaded");
                     }

@@ -57,6 +57,10 @@ pub struct Config {
     pub debts: Debts,
     /// Whether the daemon keeps the board, `<bridge>/STATUS.md`.
     pub board: bool,
+    /// After a tool call, a hook speaks at most this often (DESIGN §10).
+    pub hook_every: Duration,
+    /// The most a hook puts in an agent's context at once, in characters.
+    pub hook_max_chars: usize,
 }
 
 impl Default for Config {
@@ -71,6 +75,8 @@ impl Default for Config {
             loop_owners: BTreeMap::new(),
             debts: Debts::default(),
             board: false,
+            hook_every: Duration::from_secs(30),
+            hook_max_chars: 4000,
         }
     }
 }
@@ -82,6 +88,8 @@ struct ConfigFile {
     human: Option<String>,
     max_line_bytes: Option<usize>,
     board: Option<bool>,
+    hook_every: Option<String>,
+    hook_max_chars: Option<usize>,
     #[serde(default)]
     agent: Vec<AgentConfig>,
     #[serde(default, rename = "loop")]
@@ -104,6 +112,27 @@ struct DebtsFile {
     backoff: Option<f64>,
     max_rings: Option<u32>,
     stalled_after: Option<String>,
+}
+
+/// The hook keys (DESIGN §10).
+fn hooks(
+    every: Option<&str>,
+    max: Option<usize>,
+    config: &mut Config,
+) -> std::result::Result<(), String> {
+    if let Some(every) = every {
+        config.hook_every = parse_duration(every).map_err(|e| format!("key 'hook_every': {e}"))?;
+    }
+    if let Some(max) = max {
+        // Claude Code swaps anything over 10,000 characters for a file path.
+        if !(500..=9_000).contains(&max) {
+            return Err(format!(
+                "key 'hook_max_chars': {max} must be between 500 and 9000 (harnesses hide longer hook output)"
+            ));
+        }
+        config.hook_max_chars = max;
+    }
+    Ok(())
 }
 
 /// The config file used when none is named: `$XDG_CONFIG_HOME/doorbell/doorbell.toml`.
@@ -209,6 +238,7 @@ impl Config {
             config.loop_owners.insert(entry.name.clone(), owner.clone());
         }
         config.board = file.board.unwrap_or(false);
+        hooks(file.hook_every.as_deref(), file.hook_max_chars, &mut config).map_err(bad)?;
         config.agents = file.agent;
         config.loops = file.loops.into_iter().map(|l| l.name).collect();
         if let Some(debts) = file.debts {

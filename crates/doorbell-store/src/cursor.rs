@@ -7,7 +7,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Read;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -125,9 +125,10 @@ fn lock_cursor(path: &Path) -> Result<File> {
     }
 }
 
-/// Move `agent`'s cursor on `inbox` forward to `offset` (the start of a line). A cursor that
-/// is already further on the same file stays where it is.
-pub fn advance(bridge: &Bridge, agent: &str, inbox: &File, offset: u64) -> Result<()> {
+/// Move `agent`'s cursor on `inbox` forward to `offset` (the start of a line), and note in
+/// the agent's read log that what lies between was read through `via` (`read`, `watch`,
+/// `hook claude`, `mcp`). A cursor that is already further on the same file stays where it is.
+pub fn advance(bridge: &Bridge, agent: &str, inbox: &File, offset: u64, via: &str) -> Result<()> {
     let path = bridge.cursor_path(agent)?;
     let _guard = lock_cursor(&path)?;
     let current = validate(read_cursor(&path)?, inbox)?;
@@ -136,6 +137,7 @@ pub fn advance(bridge: &Bridge, agent: &str, inbox: &File, offset: u64) -> Resul
             return Ok(());
         }
     }
+    let from = current.offset();
     let meta = inbox.metadata().map_err(Error::io("stat inbox", &path))?;
     let Some(marker) = Marker::of(inbox, offset).map_err(Error::io("read inbox", &path))? else {
         return Ok(());
@@ -150,5 +152,111 @@ pub fn advance(bridge: &Bridge, agent: &str, inbox: &File, offset: u64) -> Resul
     let text = serde_json::to_string(&record).expect("a cursor always serialises");
     // Not synced: after a power loss a cursor may go back (messages shown again), never
     // forward; an fsync per message held up `watch` behind the disk.
-    crate::atomic::write_atomic_unsynced(&path, text.as_bytes())
+    crate::atomic::write_atomic_unsynced(&path, text.as_bytes())?;
+    let read = ReadRecord {
+        dev: meta.dev(),
+        ino: meta.ino(),
+        from,
+        to: offset,
+        via: via.to_owned(),
+        at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+    };
+    // The log says how; the cursor alone says whether. A log that cannot be written loses
+    // only the "how".
+    if let Err(error) = append_read(bridge, agent, &read) {
+        tracing::warn!(%error, agent, "could not note the read in the read log");
+    }
+    Ok(())
+}
+
+/// How much of the read log is read at a time, from its end.
+const CHUNK: u64 = 64 * 1024;
+
+/// One advance of a cursor, in `.doorbell/reads/<agent>.jsonl`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadRecord {
+    pub dev: u64,
+    pub ino: u64,
+    pub from: u64,
+    pub to: u64,
+    /// How the agent read it: `read`, `watch`, `hook claude`, `mcp`, ...
+    pub via: String,
+    pub at: String,
+}
+
+fn read_log_path(bridge: &Bridge, agent: &str) -> Result<std::path::PathBuf> {
+    let dir = bridge.state_dir()?.join("reads");
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(Error::io("create folder", &dir))?;
+    bridge.cursor_path(agent)?; // a valid name
+    Ok(dir.join(format!("{agent}.jsonl")))
+}
+
+fn append_read(bridge: &Bridge, agent: &str, record: &ReadRecord) -> Result<()> {
+    let path = read_log_path(bridge, agent)?;
+    let mut line = serde_json::to_vec(record).expect("a read record always serialises");
+    line.push(b'\n');
+    // Under the cursor's lock: one writer at a time, one write per record.
+    let mut file = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(Error::io("open read log", &path))?;
+    std::io::Write::write_all(&mut file, &line).map_err(Error::io("write read log", &path))
+}
+
+/// How the message at `offset` of the inbox file `(dev, ino)` was read, from the newest end
+/// of the agent's read log: the scan stops at the first advance that ends at or before it.
+pub fn read_via(
+    bridge: &Bridge,
+    agent: &str,
+    dev: u64,
+    ino: u64,
+    offset: u64,
+) -> Option<ReadRecord> {
+    let path = read_log_path(bridge, agent).ok()?;
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)
+        .ok()?;
+    let mut end = file.metadata().ok()?.len();
+    let mut carry: Vec<u8> = Vec::new();
+    loop {
+        let start = end.saturating_sub(CHUNK);
+        let mut chunk = vec![0; usize::try_from(end - start).ok()?];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut chunk, start).ok()?;
+        chunk.extend_from_slice(&carry);
+        let mut lines: Vec<&[u8]> = chunk.split(|b| *b == b'\n').collect();
+        // The first piece may be a line cut by the chunk's start: keep it for the next round.
+        let first = if start > 0 {
+            lines.remove(0).to_vec()
+        } else {
+            Vec::new()
+        };
+        for line in lines.iter().rev() {
+            let Ok(record) = serde_json::from_slice::<ReadRecord>(line) else {
+                continue;
+            };
+            if (record.dev, record.ino) != (dev, ino) {
+                continue;
+            }
+            if record.from <= offset && offset < record.to {
+                return Some(record);
+            }
+            if record.to <= offset {
+                return None;
+            }
+        }
+        if start == 0 {
+            return None;
+        }
+        carry = first;
+        end = start;
+    }
 }

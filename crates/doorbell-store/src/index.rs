@@ -30,7 +30,7 @@ pub const INDEX_FILE: &str = "index.db";
 /// Messages sent, by sender and kind.
 pub type Sent = HashMap<(String, Kind), u64>;
 /// Bumped whenever the tables change: an index of another version is rebuilt.
-const VERSION: i64 = 2;
+const VERSION: i64 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value) WITHOUT ROWID;
@@ -70,9 +70,13 @@ CREATE TABLE IF NOT EXISTS requests(
     open INTEGER NOT NULL,
     due_at INTEGER,
     closed_at INTEGER,
+    addressee TEXT NOT NULL,
+    requester TEXT NOT NULL,
     data TEXT NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS requests_open ON requests(due_at) WHERE open;
+CREATE INDEX IF NOT EXISTS requests_open_to ON requests(addressee) WHERE open;
+CREATE INDEX IF NOT EXISTS requests_open_from ON requests(requester) WHERE open;
 CREATE INDEX IF NOT EXISTS requests_closed ON requests(closed_at) WHERE closed_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS own(id TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS inboxes(name TEXT PRIMARY KEY, data TEXT NOT NULL) WITHOUT ROWID;
@@ -462,6 +466,28 @@ impl Index {
     /// Every open request as last saved.
     pub fn open_requests(&self) -> Result<Vec<Request>> {
         self.requests_where("SELECT data FROM requests WHERE open", [])
+    }
+
+    /// The open requests of which `station` is a party: the addressee, or the requester (a
+    /// loop's owner for a loop's request).
+    pub fn open_requests_of(&self, station: &str) -> Result<Vec<Request>> {
+        self.requests_where(
+            "SELECT data FROM requests WHERE open AND (addressee = ?1 OR requester = ?1)",
+            [station],
+        )
+    }
+
+    /// The ids of the requests of a broadcast: `<id>.<station>`.
+    pub fn broadcast_requests(&self, id: &str) -> Result<Vec<String>> {
+        let conn = self.conn();
+        let e = sql(&self.path);
+        let mut statement = conn
+            .prepare_cached("SELECT id FROM requests WHERE id > ?1 AND id < ?2 ORDER BY id")
+            .map_err(&e)?;
+        let rows = statement
+            .query_map([format!("{id}."), format!("{id}/")], |r| r.get(0))
+            .map_err(&e)?;
+        rows.collect::<rusqlite::Result<Vec<String>>>().map_err(e)
     }
 
     /// The open requests that ring or are escalated at or before `at` (milliseconds), by
@@ -868,8 +894,8 @@ impl IndexWriter {
             }
             let mut insert = tx
                 .prepare_cached(
-                    "INSERT OR REPLACE INTO requests(id, open, due_at, closed_at, data) \
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    "INSERT OR REPLACE INTO requests(id, open, due_at, closed_at, addressee, \
+                     requester, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 )
                 .map_err(&e)?;
             for r in &changes.requests {
@@ -881,6 +907,8 @@ impl IndexWriter {
                         r.is_open(),
                         due_at,
                         r.closed_at.map(|t| t.timestamp_millis()),
+                        r.addressee,
+                        r.requester_station(),
                         data
                     ])
                     .map_err(&e)?;

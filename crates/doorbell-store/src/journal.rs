@@ -326,6 +326,15 @@ impl Snapshot {
     }
 
     /// Bring every open request into memory (the judge needs them all to ring).
+    /// Load the open requests of which `station` is a party into the ledger.
+    pub fn load_open_requests_of(&mut self, station: &str) -> Result<()> {
+        if let Some(index) = &self.index {
+            let open = index.open_requests_of(station)?;
+            self.ledger.load(open);
+        }
+        Ok(())
+    }
+
     pub fn load_open_requests(&mut self) -> Result<()> {
         if let Some(index) = &self.index {
             let open = index.open_requests()?;

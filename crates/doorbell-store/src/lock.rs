@@ -30,6 +30,31 @@ impl BridgeLock {
         Ok(Some(BridgeLock { _file: file, path }))
     }
 
+    /// Take the lock, waiting while its holder is another command's short catch-up (up to
+    /// `within`): a command that read the bridge while another judged for a moment would
+    /// miss what that one was judging. `Ok(None)` when a daemon holds it, or the wait ran out.
+    pub fn after_catch_ups(
+        bridge: &Bridge,
+        role: &str,
+        within: std::time::Duration,
+    ) -> Result<Option<BridgeLock>> {
+        let until = std::time::Instant::now() + within;
+        let mut pause = std::time::Duration::from_millis(1);
+        loop {
+            if let Some(lock) = Self::try_acquire(bridge, role)? {
+                return Ok(Some(lock));
+            }
+            let transient = TRANSIENT
+                .iter()
+                .any(|r| holder(bridge).ends_with(&format!("({r})")));
+            if !transient || std::time::Instant::now() >= until {
+                return Ok(None);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Take the lock or fail with `Error::Locked` naming the holder.
     pub fn acquire(bridge: &Bridge, role: &str) -> Result<BridgeLock> {
         match Self::try_acquire(bridge, role)? {
@@ -46,6 +71,9 @@ impl BridgeLock {
         &self.path
     }
 }
+
+/// The roles of judges that catch up and let go: worth waiting for.
+pub const TRANSIENT: [&str; 2] = ["doorbell catch-up", "doorbell daemon --once"];
 
 /// Who holds the lock, as its holder wrote it.
 #[must_use]

@@ -86,7 +86,8 @@ impl View {
     /// Catch up when no judge runs (and save what that judged); otherwise read the index
     /// and the journal's tail as they stand: a view never judges behind a judge's back.
     pub fn open(bridge: &Bridge) -> Result<View> {
-        match BridgeLock::try_acquire(bridge, "doorbell catch-up")? {
+        let role = crate::lock::TRANSIENT[0];
+        match BridgeLock::after_catch_ups(bridge, role, std::time::Duration::from_secs(10))? {
             Some(lock) => {
                 let mut judge = Judge::open(bridge.clone(), lock)?;
                 let caught_up = judge.catch_up(Utc::now())?;
@@ -169,6 +170,44 @@ impl View {
             .ledger
             .debts()
             .into_iter()
+            .map(|d| d.request.clone())
+            .collect())
+    }
+
+    /// The requests an id names: the request itself, or a broadcast's, one per station
+    /// (`<id>.<station>`). Empty when the ledger has neither.
+    pub fn requests_named(&self, id: &str) -> Result<Vec<String>> {
+        if self.request(id).is_some() {
+            return Ok(vec![id.to_owned()]);
+        }
+        let prefix = format!("{id}.");
+        let mut ids: Vec<String> = self
+            .snapshot
+            .ledger
+            .requests()
+            .filter(|r| r.id.starts_with(&prefix))
+            .map(|r| r.id.clone())
+            .collect();
+        if let Some(index) = self.snapshot.index() {
+            ids.extend(index.broadcast_requests(id)?);
+        }
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+
+    /// The open debts of which `station` is a party (it owes, or it is owed), oldest state
+    /// first: read from the index by party, so a hook pays for this station's debts only.
+    pub fn debts_of(&mut self, station: &str) -> Result<Vec<Request>> {
+        if !self.open_loaded {
+            self.snapshot.load_open_requests_of(station)?;
+        }
+        Ok(self
+            .snapshot
+            .ledger
+            .debts()
+            .into_iter()
+            .filter(|d| d.request.addressee == station || d.request.requester_station() == station)
             .map(|d| d.request.clone())
             .collect())
     }

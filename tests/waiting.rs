@@ -1,0 +1,130 @@
+//! Waiting from a shell (DESIGN §10): `read --wait` blocks until something arrives, and
+//! `wait` takes several ids or a broadcast's id (fan-out, fan-in).
+
+use std::process::{Child, Stdio};
+
+use crate::util::Bridge;
+
+fn spawn(bridge: &Bridge, args: &[&str]) -> Child {
+    let mut command = bridge.command(args);
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command.spawn().unwrap()
+}
+
+fn finish(child: Child) -> (i32, String, String) {
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn read_wait_blocks_until_a_message_arrives_then_moves_the_cursor() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let reader = spawn(
+        &bridge,
+        &["read", "web", "--wait", "--timeout", "60s", "--json"],
+    );
+    let id = bridge.send("design", "web", "the footer is grey");
+    let (code, stdout, stderr) = finish(reader);
+    assert_eq!(code, 0, "{stderr}");
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    assert_eq!(lines[0]["envelope"]["id"], id);
+    // Read: the cursor moved, and the read log names the path.
+    assert_eq!(bridge.read_json("web", &[]).len(), 0);
+    assert!(bridge
+        .doorbell(&["show", &id])
+        .ok()
+        .contains("read through read"));
+}
+
+#[test]
+fn read_wait_times_out_with_124_and_prints_nothing() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let run = bridge.doorbell(&["read", "web", "--wait", "--timeout", "1s"]);
+    assert_eq!(run.code, 124, "{run:?}");
+    assert_eq!(run.stdout, "");
+    assert!(run.stderr.contains("nothing arrived"), "{}", run.stderr);
+    let both = bridge.doorbell(&["read", "web", "--wait", "--peek"]);
+    assert_eq!(both.code, 2, "{both:?}");
+}
+
+#[test]
+fn wait_on_a_broadcast_returns_when_every_station_has_answered() {
+    let bridge = Bridge::with_agents(&["web", "design", "ops"]);
+    let sent = bridge.doorbell(&[
+        "send", "--from", "design", "--to", "web", "--to", "ops", "--kind", "request", "status?",
+    ]);
+    let base = sent
+        .ok()
+        .lines()
+        .next()
+        .unwrap()
+        .rsplit_once('.')
+        .unwrap()
+        .0
+        .to_owned();
+    let waiter = spawn(&bridge, &["wait", &base, "--json", "--timeout", "60s"]);
+    for station in ["web", "ops"] {
+        let id = format!("{base}.{station}");
+        bridge
+            .doorbell(&[
+                "reply",
+                &id,
+                "--from",
+                station,
+                "--state",
+                "completed",
+                "ok",
+            ])
+            .ok();
+    }
+    let (code, stdout, stderr) = finish(waiter);
+    assert_eq!(code, 0, "{stderr}");
+    let answered: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ids: Vec<&str> = answered.iter().map(|a| a["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [format!("{base}.ops"), format!("{base}.web")]);
+    assert!(answered.iter().all(|a| a["state"] == "completed"));
+}
+
+#[test]
+fn wait_any_returns_at_the_first_answer_and_says_which() {
+    let bridge = Bridge::with_agents(&["web", "design", "ops"]);
+    let ask = |to: &str| {
+        bridge
+            .doorbell(&[
+                "send", "--from", "design", "--to", to, "--kind", "request", "?",
+            ])
+            .ok()
+            .trim()
+            .to_owned()
+    };
+    let (first, second) = (ask("web"), ask("ops"));
+    let waiter = spawn(
+        &bridge,
+        &["wait", &first, &second, "--any", "--timeout", "60s"],
+    );
+    bridge
+        .doorbell(&["reply", &second, "--from", "ops", "--state", "failed", "no"])
+        .ok();
+    let (code, stdout, stderr) = finish(waiter);
+    assert_eq!(code, 4, "failed ends badly: {stderr}");
+    assert!(stdout.starts_with(&format!("{second}: failed")), "{stdout}");
+    assert!(!stdout.contains(&first), "{stdout}");
+    // Without --any, one unanswered request keeps the wait going until the timeout.
+    let run = bridge.doorbell(&["wait", &first, &second, "--timeout", "1s"]);
+    assert_eq!(run.code, 124, "{run:?}");
+    assert!(run.stderr.contains(&first), "{}", run.stderr);
+}
