@@ -19,5 +19,6 @@ mod security;
 mod seeds;
 mod send;
 mod senders;
+mod setup;
 mod torture;
 mod waiting;

@@ -59,6 +59,8 @@ pub enum Command {
     Hook(HookArgs),
     /// Serve MCP on stdin and stdout as one agent: send, reply, read, wait, debts, show, status
     Mcp(McpArgs),
+    /// Print (or --write: merge) the hook and MCP configuration of a harness for an agent
+    Setup(SetupArgs),
     /// Print shell completions (bash, zsh, fish, elvish, powershell)
     Completions {
         #[arg(value_enum)]
@@ -159,6 +161,22 @@ pub struct DebtsArgs {
     /// One JSON document
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SetupArgs {
+    /// The harness to arm
+    #[arg(value_enum)]
+    pub harness: Harness,
+    /// The agent it runs as (default: `$DOORBELL_AGENT`)
+    #[arg(long, env = "DOORBELL_AGENT", value_name = "AGENT")]
+    pub agent: String,
+    /// Write the project's files in DIR instead of the user's own
+    #[arg(long, value_name = "DIR")]
+    pub project: Option<PathBuf>,
+    /// Merge into the files (each changed one is first copied to `<file>.doorbell-backup`)
+    #[arg(long)]
+    pub write: bool,
 }
 
 #[derive(Debug, Args)]
@@ -351,6 +369,7 @@ impl Cli {
             // A hook never fails its harness's turn: errors are said on stderr, no decision.
             Command::Hook(args) => Ok(crate::hook::run(dir.as_deref(), config.as_deref(), &args)),
             Command::Mcp(args) => crate::mcp::run(session()?, &args.agent),
+            Command::Setup(args) => crate::setup::run(&session()?, &args),
             Command::Agent(AgentCommand::Add { name }) => crate::agent::add(&session()?, &name),
             Command::Agent(AgentCommand::List { json }) => crate::agent::list(&session()?, json),
             // Generated from the command definitions: no bridge and no config needed.

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
-use doorbell_core::debts::{answer_command, span};
+use doorbell_core::debts::{answer_command_from, span};
 use doorbell_core::{Kind, Request, State};
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor;
@@ -144,7 +144,7 @@ impl Output {
 }
 
 /// What this agent's hooks remember between calls, in `.doorbell/hooks/<agent>.json`.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct HookState {
     /// When a hook after a tool call last spoke (milliseconds).
     #[serde(default)]
@@ -169,6 +169,9 @@ impl HookState {
     }
 
     fn save(&self, path: &Path) -> anyhow::Result<()> {
+        if HookState::load(path) == *self {
+            return Ok(());
+        }
         let text = serde_json::to_vec(self).expect("hook state always serialises");
         doorbell_store::atomic::write_atomic_unsynced(path, &text)?;
         Ok(())
@@ -250,6 +253,16 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
             return Ok(None);
         }
     }
+    // Everything that is new for an agent arrives in its own inbox (requests to it, answers
+    // to its requests): with no byte past its cursor, a prompt or a tool call has nothing to
+    // show, and the bridge need not be opened at all.
+    if matches!(input.moment, Moment::Prompt | Moment::AfterTool) && all_read(&bridge, &agent)? {
+        if input.moment == Moment::Prompt {
+            state.blocks_in_row = 0;
+            state.blocked_for.clear();
+        }
+        return finish(None, bridge, agent, None, state, state_path, lock);
+    }
     let mut view = view(&bridge)?;
     let debts = view.debts_of(&agent)?;
     let (owes, others): (Vec<&Request>, Vec<&Request>) =
@@ -284,7 +297,7 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
     let (shown_to, unread_requests) = frame_unread(&mut view, &bridge, &agent, &mut text, now)?;
     let decision_block = input.moment == Moment::Stop;
     if decision_block {
-        let blocks = stop_blocks(&mut state, &mut text, &owes, unread_requests, now);
+        let blocks = stop_blocks(&agent, &mut state, &mut text, &owes, unread_requests, now);
         if !blocks {
             // Nothing is said at a stop that is let through: what arrived waits for the
             // next prompt, unread.
@@ -319,6 +332,18 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
         output.via = format!("hook {} {}", harness_name(args.harness), input.event);
     }
     Ok(output)
+}
+
+/// Whether the agent's cursor stands at the end of its inbox (a cursor of a replaced file
+/// does not count).
+fn all_read(bridge: &Bridge, agent: &str) -> anyhow::Result<bool> {
+    let inbox = open_inbox(&bridge.inbox_path(agent)?, false)?;
+    let len = inbox.metadata().context("stat inbox")?.len();
+    Ok(match cursor::load(bridge, agent, &inbox)? {
+        cursor::Position::At(offset) => offset == len,
+        cursor::Position::Fresh => len == 0,
+        cursor::Position::Replaced { .. } => false,
+    })
 }
 
 /// An inbox, and the offset its cursor moves to once the output is written.
@@ -366,6 +391,7 @@ fn frame_unread(
 /// Whether a stop is blocked: while requests are unread, or shown and neither answered nor
 /// acknowledged; never twice for one set, never more than `MAX_BLOCKS_IN_ROW` in a row.
 fn stop_blocks(
+    agent: &str,
     state: &mut HookState,
     text: &mut Composer,
     owes: &[&Request],
@@ -389,7 +415,7 @@ fn stop_blocks(
         return false;
     }
     state.blocks_in_row += 1;
-    text.stop_reason(&pending, owes, now);
+    text.stop_reason(agent, &pending, owes, now);
     state.blocked_for = pending;
     true
 }
@@ -492,7 +518,7 @@ impl Composer {
                 r.id,
                 r.state,
                 span(r.state_since, now),
-                answer_command(r)
+                answer_command_from(r, Some(r.debtor_station()))
             );
             if !self.line(&line) {
                 left += 1;
@@ -521,12 +547,19 @@ impl Composer {
         }
     }
 
-    fn stop_reason(&mut self, pending: &[String], owes: &[&Request], now: DateTime<Utc>) {
+    fn stop_reason(
+        &mut self,
+        agent: &str,
+        pending: &[String],
+        owes: &[&Request],
+        now: DateTime<Utc>,
+    ) {
         let mut reason = format!(
-            "Before you stop: {} request{} to you {} unanswered. Answer each one, or acknowledge it with `doorbell reply ID --state working \"…\"`:",
+            "Before you stop: {} request{} to you {} unanswered. Answer each one, or acknowledge it with `doorbell reply ID --from {} --state working \"…\"`:",
             pending.len(),
             if pending.len() == 1 { "" } else { "s" },
             if pending.len() == 1 { "is" } else { "are" },
+            agent,
         );
         for id in pending {
             let line = match owes.iter().find(|r| &r.id == id) {
@@ -535,7 +568,7 @@ impl Composer {
                     r.creditor_station(),
                     r.state,
                     span(r.state_since, now),
-                    answer_command(r)
+                    answer_command_from(r, Some(r.debtor_station()))
                 ),
                 None => format!("\n- {id} (unread, shown below)"),
             };

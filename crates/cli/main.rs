@@ -15,6 +15,7 @@ mod reply;
 mod report;
 mod send;
 mod session;
+mod setup;
 mod show;
 mod status;
 mod wait;

@@ -135,7 +135,10 @@ fn debt_json(request: &Request, agent: &str) -> Value {
     });
     if owes {
         value["to"] = json!(request.creditor_station());
-        value["command"] = json!(doorbell_core::debts::answer_command(request));
+        value["command"] = json!(doorbell_core::debts::answer_command_from(
+            request,
+            Some(agent)
+        ));
     } else {
         value["from"] = json!(request.debtor_station());
     }

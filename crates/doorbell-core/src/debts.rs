@@ -144,11 +144,20 @@ pub fn span(from: DateTime<Utc>, to: DateTime<Utc>) -> String {
 /// The command that pays the debt, for the debtor to run.
 #[must_use]
 pub fn answer_command(request: &Request) -> String {
-    if request.state == State::InputRequired {
-        format!("doorbell reply {} --state working \"…\"", request.id)
+    answer_command_from(request, None)
+}
+
+/// The command that pays the debt, naming the sender (for an agent whose shell may not have
+/// `DOORBELL_AGENT` set).
+#[must_use]
+pub fn answer_command_from(request: &Request, from: Option<&str>) -> String {
+    let from = from.map(|f| format!(" --from {f}")).unwrap_or_default();
+    let state = if request.state == State::InputRequired {
+        "working"
     } else {
-        format!("doorbell reply {} --state completed \"…\"", request.id)
-    }
+        "completed"
+    };
+    format!("doorbell reply {}{from} --state {state} \"…\"", request.id)
 }
 
 /// Ring `n` of `request`, to its current debtor.
