@@ -74,37 +74,8 @@ pub fn wait_for(
             state.is_terminal() || state == State::InputRequired || (any && responses > 0)
         })
     };
-    // Watch before looking, so that nothing between the look and the watch is missed.
-    let events = Events::new(bridge)?;
-    let view = view(bridge)?;
-    // A broadcast's id stands for its requests; an id the ledger does not know yet is
-    // waited for as itself (it may be judged in a moment).
-    let mut named: Vec<String> = Vec::new();
-    for id in ids {
-        match view.requests_named(id)? {
-            found if found.is_empty() => named.push(id.clone()),
-            found => named.extend(found),
-        }
-    }
-    named.sort();
-    named.dedup();
-    let mut awaited: Vec<(String, Awaited)> = named
-        .into_iter()
-        .map(|id| {
-            let known = view.request(&id).map(|r| (r.state, r.responses));
-            (
-                id,
-                Awaited {
-                    known,
-                    answer: None,
-                },
-            )
-        })
-        .collect();
-    let mut follower = view.updates();
-    drop(view);
-    let grace = Instant::now() + GRACE;
-    loop {
+    let look = |view: &doorbell_store::View| look(view, ids);
+    let settled = |awaited: &[(String, Awaited)]| {
         let answered: Vec<(String, State, Option<String>)> = awaited
             .iter()
             .filter(|(_, a)| done(a.known))
@@ -114,9 +85,26 @@ pub fn wait_for(
             })
             .collect();
         if any && !answered.is_empty() {
-            return Ok(Waited::Answered(answered.into_iter().take(1).collect()));
+            Some(answered.into_iter().take(1).collect())
+        } else if answered.len() == awaited.len() {
+            Some(answered)
+        } else {
+            None
         }
-        if answered.len() == awaited.len() {
+    };
+    // Answered already: nothing to watch.
+    if let Some(answered) = settled(&look(&view(bridge)?)?) {
+        return Ok(Waited::Answered(answered));
+    }
+    // Watch before looking again, so that nothing between the look and the watch is missed.
+    let events = Events::new(bridge)?;
+    let view = view(bridge)?;
+    let mut awaited = look(&view)?;
+    let mut follower = view.updates();
+    drop(view);
+    let grace = Instant::now() + GRACE;
+    loop {
+        if let Some(answered) = settled(&awaited) {
             return Ok(Waited::Answered(answered));
         }
         let unknown: Vec<&str> = awaited
@@ -163,6 +151,33 @@ pub fn wait_for(
             }
         })?;
     }
+}
+
+/// What the ledger knows of each awaited request. A broadcast's id stands for its requests;
+/// an id the ledger does not know yet is waited for as itself (it may be judged in a moment).
+fn look(view: &doorbell_store::View, ids: &[String]) -> anyhow::Result<Vec<(String, Awaited)>> {
+    let mut named: Vec<String> = Vec::new();
+    for id in ids {
+        match view.requests_named(id)? {
+            found if found.is_empty() => named.push(id.clone()),
+            found => named.extend(found),
+        }
+    }
+    named.sort();
+    named.dedup();
+    Ok(named
+        .into_iter()
+        .map(|id| {
+            let known = view.request(&id).map(|r| (r.state, r.responses));
+            (
+                id,
+                Awaited {
+                    known,
+                    answer: None,
+                },
+            )
+        })
+        .collect())
 }
 
 fn finish(

@@ -107,7 +107,12 @@ impl Bridge {
     /// The judge's folder, `.doorbell/`, created (0700) when missing.
     pub fn state_dir(&self) -> Result<PathBuf> {
         let path = self.dir.join(STATE_DIR);
-        make_private_dir(&path)?;
+        match fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_dir() => {}
+            Ok(_) => return Err(Error::NotRegularFile { path }),
+            Err(e) if e.kind() == ErrorKind::NotFound => make_private_dir(&path)?,
+            Err(e) => return Err(Error::io("stat", &path)(e)),
+        }
         Ok(path)
     }
 
@@ -163,6 +168,18 @@ impl Bridge {
         }
         paths.sort();
         Ok(paths)
+    }
+
+    /// What `.doorbell/names` holds now, if anything.
+    #[must_use]
+    pub fn published_names(&self) -> Option<String> {
+        let path = self.dir.join(STATE_DIR).join(NAMES_FILE);
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .ok()?;
+        std::io::read_to_string(file).ok()
     }
 
     /// Replace `.doorbell/names` with `text` (see [`names_file`]).

@@ -336,6 +336,12 @@ impl Judge {
         if self.published_names.as_ref() == Some(&text) {
             return;
         }
+        // Another judge may have written the same names: a short judge (a command) then
+        // writes nothing.
+        if self.bridge.published_names().as_ref() == Some(&text) {
+            self.published_names = Some(text);
+            return;
+        }
         match self.bridge.publish_names(&text) {
             Ok(()) => self.published_names = Some(text),
             Err(e) => tracing::warn!(error = %e, "could not write the names file; will try again"),
@@ -350,13 +356,17 @@ impl Judge {
         for path in self.bridge.refused_inboxes()? {
             tracing::warn!(path = %path.display(), "refusing an inbox that is not a regular file");
         }
+        let before = self.journal.len();
         let mut stats = self.sweep_all(now)?;
         let targets = self.emit(now, &mut stats)?;
         if !targets.is_empty() {
             let again = self.sweep(&targets, now)?;
             stats.absorb(again);
         }
-        self.journal.sync()?;
+        // Nothing journaled: nothing to make durable (a command's catch-up is mostly this).
+        if self.journal.len() != before {
+            self.journal.sync()?;
+        }
         self.refused_log.flush()?;
         Ok(stats)
     }

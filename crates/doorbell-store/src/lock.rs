@@ -11,7 +11,7 @@ use crate::{Bridge, Error, Result};
 /// A held bridge lock; dropping it releases the bridge.
 #[derive(Debug)]
 pub struct BridgeLock {
-    _file: File,
+    file: File,
     path: PathBuf,
 }
 
@@ -27,7 +27,7 @@ impl BridgeLock {
         file.set_len(0).map_err(Error::io("write lock", &path))?;
         writeln!(file, "pid {} ({role})", std::process::id())
             .map_err(Error::io("write lock", &path))?;
-        Ok(Some(BridgeLock { _file: file, path }))
+        Ok(Some(BridgeLock { file, path }))
     }
 
     /// Take the lock, waiting while its holder is another command's short catch-up (up to
@@ -44,9 +44,13 @@ impl BridgeLock {
             if let Some(lock) = Self::try_acquire(bridge, role)? {
                 return Ok(Some(lock));
             }
-            let transient = TRANSIENT
-                .iter()
-                .any(|r| holder(bridge).ends_with(&format!("({r})")));
+            // A holder that has not written its role yet (it does so just after taking the
+            // lock) counts as passing too: its role is read again in a moment.
+            let holder = holder(bridge);
+            let transient = holder == UNKNOWN
+                || TRANSIENT
+                    .iter()
+                    .any(|r| holder.ends_with(&format!("({r})")));
             if !transient || std::time::Instant::now() >= until {
                 return Ok(None);
             }
@@ -72,8 +76,18 @@ impl BridgeLock {
     }
 }
 
+impl Drop for BridgeLock {
+    /// Name nobody once the lock is let go, so a stale role never misleads a waiter.
+    fn drop(&mut self) {
+        let _ = self.file.set_len(0);
+    }
+}
+
 /// The roles of judges that catch up and let go: worth waiting for.
 pub const TRANSIENT: [&str; 2] = ["doorbell catch-up", "doorbell daemon --once"];
+
+/// What `holder` says when the lock file names nobody.
+const UNKNOWN: &str = "holder unknown";
 
 /// Who holds the lock, as its holder wrote it.
 #[must_use]
@@ -83,7 +97,7 @@ pub fn holder(bridge: &Bridge) -> String {
     let read = File::open(&path).and_then(|mut f| f.read_to_string(&mut text));
     match read {
         Ok(_) if !text.trim().is_empty() => text.trim().to_owned(),
-        _ => "holder unknown".to_owned(),
+        _ => UNKNOWN.to_owned(),
     }
 }
 
