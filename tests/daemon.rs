@@ -1145,6 +1145,42 @@ fn the_hook_runs_with_a_clean_environment_and_no_message_text() {
 /// itself. Checked across a daemon's life: judged by the daemon, then by `watch` once the
 /// daemon is gone.
 #[test]
+fn a_hook_that_runs_too_long_is_killed_with_everything_it_started() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let pids = bridge.tmp.path().join("pids");
+    // The hook starts a grandchild that would outlive it, says both pids, then hangs.
+    let script = format!(
+        "sleep 600 & echo $$ $! > '{0}.tmp' && mv '{0}.tmp' '{0}'; sleep 600",
+        pids.display()
+    );
+    bridge.config(&format!(
+        "[[agent]]\nname = \"web\"\nhook = [\"sh\", \"-c\", {}]\n",
+        serde_json::to_string(&script).unwrap()
+    ));
+    let mut daemon = Daemon::start(&bridge, &[]);
+    bridge.send("design", "web", "ring");
+    wait_for_file(&pids, PATIENCE);
+    let text = std::fs::read_to_string(&pids).unwrap();
+    let alive = |pid: &str| Path::new(&format!("/proc/{pid}")).exists();
+    let (hook, grandchild) = text.trim().split_once(' ').unwrap();
+    assert!(alive(hook) && alive(grandchild), "{text}");
+    daemon.expect_stderr("killed, with its process group", Duration::from_secs(30));
+    // Killed: gone once reaped (the hook by the daemon, the grandchild by init).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while alive(grandchild)
+        && std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
+            .is_ok_and(|s| !s.contains(") Z "))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the grandchild outlived the hook's kill"
+        );
+        std::thread::yield_now();
+    }
+    daemon.kill();
+}
+
+#[test]
 fn watch_judges_lines_itself_once_the_daemon_stops() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
     let mut daemon = Daemon::start(&bridge, &[]);

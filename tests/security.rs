@@ -195,6 +195,60 @@ fn a_symlinked_inbox_is_never_read_or_written_through() {
 /// Fake `date` and `flock` programs that swap the inbox for a symlink while the script runs:
 /// `date` runs after the script's symlink check and before it opens the inbox; `flock` runs
 /// after the open and puts the real inbox back, so a check by name alone passes again.
+#[test]
+fn a_symlinked_state_folder_is_never_followed() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let state = bridge.dir().join(".doorbell");
+    let elsewhere = bridge.tmp.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    // A live link (to a real folder) and a dangling one: both refused, naming the path.
+    for target in [elsewhere.clone(), bridge.tmp.path().join("nowhere")] {
+        let _ = std::fs::remove_dir_all(&state);
+        let _ = std::fs::remove_file(&state);
+        std::os::unix::fs::symlink(&target, &state).unwrap();
+        for args in [&["daemon", "--once"][..], &["status"], &["read", "web"]] {
+            let run = bridge.doorbell(args);
+            assert_ne!(
+                run.code,
+                0,
+                "{args:?} followed {}: {run:?}",
+                target.display()
+            );
+            assert!(
+                run.stderr
+                    .contains(".doorbell is not a regular file or folder"),
+                "{args:?}: {}",
+                run.stderr
+            );
+        }
+        assert_eq!(
+            std::fs::read_dir(&elsewhere).unwrap().count(),
+            0,
+            "wrote through the link"
+        );
+    }
+}
+
+#[test]
+fn a_symlinked_cursor_is_never_followed_and_hurts_no_other_agent() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    bridge.send("design", "web", "one");
+    bridge.send("web", "design", "two");
+    let secret = bridge.tmp.path().join("secret");
+    std::fs::write(&secret, "do not touch").unwrap();
+    let cursor = bridge.dir().join("web-inbox.cursor");
+    std::os::unix::fs::symlink(&secret, &cursor).unwrap();
+    // Everyone else works; web reads from the start (shown again, never lost).
+    bridge.doorbell(&["status"]).ok();
+    assert_eq!(bridge.read_json("design", &[]).len(), 1);
+    let read = bridge.read_json("web", &[]);
+    assert_eq!(read.len(), 1, "web's message, shown");
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "do not touch");
+    // The link was replaced by web's own cursor: nothing is shown twice from now on.
+    assert!(!cursor.symlink_metadata().unwrap().file_type().is_symlink());
+    assert!(bridge.read_json("web", &[]).is_empty());
+}
+
 fn swapping_path(bridge: &Bridge, inbox: &Path, target: &Path) -> std::ffi::OsString {
     let bin = bridge.tmp.path().join("swap-bin");
     std::fs::create_dir_all(&bin).unwrap();

@@ -2,7 +2,8 @@
 //! for that agent. The environment is cleared to `PATH`, `HOME` and the `DOORBELL_*`
 //! variables — never message text: a message is a doorbell, never an instruction. Bursts
 //! within 500 ms coalesce into one call, one call is in flight per agent, a call is killed
-//! after 10 s, and a failure is logged, never fatal.
+//! after 10 s (with everything it started: each call is its own process group), and a
+//! failure is logged, never fatal.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -123,6 +124,8 @@ async fn call(agent: &str, hook: &[String], batch: &Arrival) {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
+        // Its own process group, so a timeout kills what it started too.
+        .process_group(0)
         .kill_on_drop(true);
     if let Some(home) = std::env::var_os("HOME") {
         command.env("HOME", home);
@@ -139,8 +142,17 @@ async fn call(agent: &str, hook: &[String], batch: &Arrival) {
         Ok(Ok(status)) => tracing::warn!(agent, %status, "hook failed"),
         Ok(Err(error)) => tracing::warn!(agent, %error, "hook could not be waited for"),
         Err(_) => {
-            tracing::warn!(agent, "hook ran longer than 10 s: killed");
+            let group = child
+                .id()
+                .and_then(|pid| rustix::process::Pid::from_raw(pid.cast_signed()));
+            if let Some(group) = group {
+                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+            }
             let _ = child.kill().await;
+            tracing::warn!(
+                agent,
+                "hook ran longer than 10 s: killed, with its process group"
+            );
         }
     }
 }

@@ -57,6 +57,12 @@ fn read_cursor(path: &Path) -> Result<Option<CursorFile>> {
                 .map_err(Error::io("read cursor", path))?;
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            // A symlink is never followed: no cursor (messages shown again, never skipped);
+            // the next advance replaces the link with a cursor file.
+            tracing::warn!(path = %path.display(), "the cursor is a symlink, never followed: reading the inbox from the start");
+            return Ok(None);
+        }
         Err(e) => return Err(Error::io("open cursor", path)(e)),
     }
     if text.trim().is_empty() {
@@ -105,15 +111,22 @@ pub fn load(bridge: &Bridge, agent: &str, inbox: &File) -> Result<Position> {
 /// (a concurrent writer may have renamed a new one over it).
 fn lock_cursor(path: &Path) -> Result<File> {
     loop {
-        let file = OpenOptions::new()
+        let opened = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(path)
-            .map_err(Error::io("open cursor", path))?;
+            .open(path);
+        let file = match opened {
+            // A symlink where the cursor belongs: remove the link (never what it points to).
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                fs::remove_file(path).map_err(Error::io("remove symlinked cursor", path))?;
+                continue;
+            }
+            other => other.map_err(Error::io("open cursor", path))?,
+        };
         file.lock().map_err(Error::io("lock cursor", path))?;
         let locked = file.metadata().map_err(Error::io("stat cursor", path))?;
         match fs::symlink_metadata(path) {

@@ -23,7 +23,7 @@ pub enum Error {
     NameTaken { name: String, why: String },
     #[error("agent '{name}' already has an inbox at {path}")]
     AgentExists { name: String, path: PathBuf },
-    #[error("{path} is not a regular file (a symlink, FIFO or device is never followed)")]
+    #[error("{path} is not a regular file or folder (a symlink, FIFO or device is never followed): replace it with a real one")]
     NotRegularFile { path: PathBuf },
     #[error("the bridge folder {path} does not exist (create it, or pick another with --dir or DOORBELL_DIR)")]
     NoBridge { path: PathBuf },
