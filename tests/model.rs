@@ -1607,12 +1607,9 @@ fn model_every_line_judged_as_the_model_says() {
     torture("model (short)", 16, 40);
 }
 
+#[cfg(feature = "long")]
 #[test]
 fn model_long_run() {
-    if std::env::var_os("DOORBELL_LONG").is_none() {
-        println!("model (long): skipped; set DOORBELL_LONG=1 to run it");
-        return;
-    }
     let cases = std::env::var("DOORBELL_LONG_CASES")
         .ok()
         .and_then(|s| s.parse().ok())

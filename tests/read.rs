@@ -165,3 +165,46 @@ fn an_unreadable_cursor_means_reading_from_the_start() {
         "and the cursor is whole again"
     );
 }
+
+#[test]
+fn two_readers_of_one_agent_never_show_the_same_message() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let mut lines = String::new();
+    for n in 0..2000 {
+        lines.push_str(&line(&format!("01R{n:05}"), "design", "web", "note", ""));
+        lines.push('\n');
+    }
+    std::fs::write(bridge.inbox("web"), lines).unwrap();
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    // Two `read` loops, as two shells of one agent would run them, each until it sees
+    // nothing three times in a row.
+    let reader = || {
+        let mut seen = Vec::new();
+        let mut empty = 0;
+        while empty < 3 {
+            let ids: Vec<String> = bridge
+                .read_json("web", &[])
+                .iter()
+                .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+                .collect();
+            empty = if ids.is_empty() { empty + 1 } else { 0 };
+            seen.extend(ids);
+        }
+        seen
+    };
+    let readers: Vec<Vec<String>> = std::thread::scope(|scope| {
+        let handles = [scope.spawn(reader), scope.spawn(reader)];
+        handles.map(|h| h.join().unwrap()).into()
+    });
+    let mut all: Vec<String> = readers.into_iter().flatten().collect();
+    let shown = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(
+        shown,
+        all.len(),
+        "{} messages shown twice",
+        shown - all.len()
+    );
+    assert_eq!(all.len(), 2000, "every message shown once");
+}

@@ -3,7 +3,7 @@
 //! deep or countless lines, shell metacharacters) and the real `doorbell` binary and
 //! `scripts/doorbell-send` must neither follow it, nor run it, nor fall over.
 //!
-//! `DOORBELL_LONG=1` adds the slow forms (a 1 GiB sparse line).
+//! The `long` feature (`DOORBELL_LONG=1 scripts/test`) adds the slow forms (a 1 GiB sparse line).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
@@ -24,15 +24,6 @@ const MIB: u64 = 1024 * 1024;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers.
-
-/// Whether the slow forms were asked for.
-fn long_form(test: &str) -> bool {
-    let on = std::env::var_os("DOORBELL_LONG").is_some_and(|v| v == "1");
-    if !on {
-        println!("{test}: long form skipped; set DOORBELL_LONG=1 to run it");
-    }
-    on
-}
 
 /// Every path under `root` with its kind and size, to prove a command changed nothing.
 fn tree(root: &Path) -> BTreeMap<PathBuf, (String, u64)> {
@@ -778,11 +769,9 @@ fn a_64_mib_line_is_refused_in_bounded_memory_and_the_next_line_accepted() {
     huge_line_is_refused_in_bounded_memory(64 * MIB, false);
 }
 
+#[cfg(feature = "long")]
 #[test]
 fn long_a_1_gib_sparse_line_is_refused_in_bounded_memory() {
-    if !long_form("long_a_1_gib_sparse_line_is_refused_in_bounded_memory") {
-        return;
-    }
     huge_line_is_refused_in_bounded_memory(1024 * MIB, true);
 }
 
@@ -895,8 +884,8 @@ fn a_million_deep_nesting_is_refused_by_check_and_the_daemon() {
 fn a_million_tiny_lines_each_get_one_verdict_in_bounded_memory() {
     // A quarter million in the short form (a debug build judges ~25,000 lines a second on a
     // busy machine), enough for the memory bound to tell a few bytes per refusal from a
-    // hundred; the full million with DOORBELL_LONG=1.
-    let long = long_form("a_million_tiny_lines: the full million");
+    // hundred; the full million in the long form (the `long` feature).
+    let long = cfg!(feature = "long");
     let tiny = if long { 1_000_000 } else { 250_000 };
     // Memory is measured as a slope: the judge's peak for a fifth of the lines, then for all
     // of them. The allocator's and the runtime's fixed costs cancel out; what is left is what

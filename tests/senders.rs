@@ -886,11 +886,7 @@ fn both_senders_refuse_what_the_judge_would_and_nothing_else() {
         names.contains("loop cron\n") && names.contains("station ops\n"),
         "{names}"
     );
-    let cases = if std::env::var_os("DOORBELL_LONG").is_some() {
-        600
-    } else {
-        96
-    };
+    let cases = if cfg!(feature = "long") { 600 } else { 96 };
     let config = Config {
         cases,
         failure_persistence: None,

@@ -6,6 +6,7 @@ mod util;
 mod catch_up;
 mod check;
 mod daemon;
+#[cfg(feature = "long")]
 mod disk;
 mod doorbell;
 mod generated;

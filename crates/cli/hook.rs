@@ -6,9 +6,9 @@
 //! fault of doorbell's never blocks an agent.
 
 use std::fmt::Write as _;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -32,6 +32,8 @@ const MAX_INPUT: u64 = 16 * 1024 * 1024;
 /// A stop is blocked at most this many times in a row, so an agent is never trapped (Claude
 /// Code's own cap is 8).
 const MAX_BLOCKS_IN_ROW: u32 = 3;
+/// How long a hook waits for another reader of its agent.
+const READER_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 /// The most of one message's text a hook shows; the rest is a command away.
 const MAX_TEXT_CHARS: usize = 1_200;
 
@@ -129,7 +131,7 @@ struct Output {
     shown_to: Option<ShownTo>,
     state: HookState,
     state_path: PathBuf,
-    _lock: File,
+    _lock: cursor::Reading,
 }
 
 impl Output {
@@ -149,9 +151,6 @@ struct HookState {
     /// When a hook after a tool call last spoke (milliseconds).
     #[serde(default)]
     after_tool_at: i64,
-    /// The debts this agent was told of.
-    #[serde(default)]
-    told: Vec<String>,
     /// The set of debts the last blocked stop named.
     #[serde(default)]
     blocked_for: Vec<String>,
@@ -214,21 +213,6 @@ fn parse_input(harness: Harness, event: &str, input: &[u8]) -> anyhow::Result<In
     })
 }
 
-fn lock(path: &Path) -> anyhow::Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    file.lock()
-        .with_context(|| format!("locking {}", path.display()))?;
-    Ok(file)
-}
-
 fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Option<Output>> {
     let input = parse_input(args.harness, &args.event, raw)?;
     let Some(agent) = args.agent.clone() else {
@@ -242,8 +226,11 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
         .mode(0o700)
         .create(&hooks)
         .with_context(|| format!("creating {}", hooks.display()))?;
-    // One hook of an agent at a time: load, print and advance are one step.
-    let lock = lock(&hooks.join(format!("{agent}.lock")))?;
+    // One reader of an agent at a time (this hook, another, `read`, `watch`, MCP): load,
+    // print and advance are one step.
+    let Some(lock) = cursor::reading_within(&bridge, &agent, READER_WAIT)? else {
+        bail!("another reader of {agent} (a watch whose output is paused?) has held its inbox for {} s; showing nothing this time", READER_WAIT.as_secs());
+    };
     let state_path = hooks.join(format!("{agent}.json"));
     let mut state = HookState::load(&state_path);
     let now = Utc::now();
@@ -264,35 +251,28 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
         return finish(None, bridge, agent, None, state, state_path, lock);
     }
     let mut view = view(&bridge)?;
-    let debts = view.debts_of(&agent)?;
+    // Debts are read only where they are said in full (the briefing) or weighed (a stop): on
+    // a prompt or after a tool call, what is new arrived in the inbox, and each request
+    // shown carries the command that answers it.
+    let debts = match input.moment {
+        Moment::Start | Moment::Stop => view.debts_of(&agent)?,
+        Moment::Prompt | Moment::AfterTool => Vec::new(),
+    };
     let (owes, others): (Vec<&Request>, Vec<&Request>) =
         debts.iter().partition(|r| r.debtor_station() == agent);
     let credits: Vec<&Request> = others
         .into_iter()
         .filter(|r| r.creditor_station() == agent)
         .collect();
-    let max = session.config.hook_max_chars;
-    let mut text = Composer::new(max);
-    match input.moment {
-        Moment::Start => {
-            state.blocks_in_row = 0;
-            state.blocked_for.clear();
-            text.debts_owed(&owes, now);
-            text.owed_to(&credits, now);
-        }
-        Moment::Prompt | Moment::AfterTool => {
-            if input.moment == Moment::Prompt {
-                state.blocks_in_row = 0;
-                state.blocked_for.clear();
-            }
-            let new: Vec<&Request> = owes
-                .iter()
-                .copied()
-                .filter(|r| !state.told.contains(&r.id))
-                .collect();
-            text.debts_owed(&new, now);
-        }
-        Moment::Stop => {}
+    let mut text = Composer::new(session.config.hook_max_chars, &agent);
+    if matches!(input.moment, Moment::Start | Moment::Prompt) {
+        // A person's prompt or a new session starts a new row of stops.
+        state.blocks_in_row = 0;
+        state.blocked_for.clear();
+    }
+    if input.moment == Moment::Start {
+        text.debts_owed(&owes, now);
+        text.owed_to(&credits, now);
     }
     let (shown_to, unread_requests) = frame_unread(&mut view, &bridge, &agent, &mut text, now)?;
     let decision_block = input.moment == Moment::Stop;
@@ -315,13 +295,6 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
             if text.left_out == 1 { "" } else { "s" }
         );
     }
-    for r in &owes {
-        if !state.told.contains(&r.id) {
-            state.told.push(r.id.clone());
-        }
-    }
-    // Forget what is paid, so the file stays as small as the debts.
-    state.told.retain(|id| owes.iter().any(|r| &r.id == id));
     if input.moment == Moment::AfterTool {
         state.after_tool_at = now.timestamp_millis();
     }
@@ -427,7 +400,7 @@ fn finish(
     shown_to: Option<ShownTo>,
     state: HookState,
     state_path: PathBuf,
-    lock: File,
+    lock: cursor::Reading,
 ) -> anyhow::Result<Option<Output>> {
     let output = Output {
         json: json.unwrap_or_default(),
@@ -471,6 +444,8 @@ fn render(harness: Harness, input: &Input, body: &str, block: bool) -> String {
 /// The text a hook shows, within its cap.
 struct Composer {
     max: usize,
+    /// Whose hook this is: the sender of the commands it suggests.
+    agent: String,
     body: String,
     /// Framed messages, counted apart from the rest so the cap can keep room for the footer.
     messages: usize,
@@ -482,9 +457,10 @@ struct Composer {
 const RESERVE: usize = 400;
 
 impl Composer {
-    fn new(max: usize) -> Composer {
+    fn new(max: usize, agent: &str) -> Composer {
         Composer {
             max,
+            agent: agent.to_owned(),
             body: String::new(),
             messages: 0,
             left_out: 0,
@@ -615,6 +591,23 @@ impl Composer {
         framed.push('\n');
         frame_lines(&shown, &mut framed);
         let _ = writeln!(framed, "[doorbell {} end]", self.nonce);
+        // What the agent owes for this message, and the command that pays it.
+        if *envelope.to == *self.agent {
+            let owed = match (envelope.kind, envelope.state, &envelope.correlates_to) {
+                (doorbell_core::Kind::Request, _, _) => Some((&*envelope.id, "completed")),
+                (doorbell_core::Kind::Response, Some(State::InputRequired), Some(request)) => {
+                    Some((&**request, "working"))
+                }
+                _ => None,
+            };
+            if let Some((request, state)) = owed {
+                let _ = writeln!(
+                    framed,
+                    "- you owe {} an answer: doorbell reply {request} --from {} --state {state} \"…\"",
+                    envelope.from, self.agent
+                );
+            }
+        }
         let room = self.room();
         if framed.chars().count() > room {
             // The first message is shown cut rather than not at all, so a long one never

@@ -316,6 +316,7 @@ impl Doorbell {
 fn read(bridge: &Bridge, agent: &str, max: usize) -> anyhow::Result<Value> {
     let path = bridge.require_inbox(agent)?;
     let view = view(bridge)?;
+    let _reading = cursor::reading(bridge, agent)?;
     let inbox = open_inbox(&path, false)?;
     let meta = inbox.metadata().context("stat inbox")?;
     let from = cursor::load(bridge, agent, &inbox)?.offset();

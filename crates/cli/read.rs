@@ -125,6 +125,10 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let path = bridge.require_inbox(&args.agent)?;
     let view = view(&bridge)?;
+    // From the cursor's load to its move, no other reader of this agent runs.
+    let _reading = (!args.peek)
+        .then(|| cursor::reading(&bridge, &args.agent))
+        .transpose()?;
     let inbox = open_inbox(&path, false)?;
     let meta = inbox.metadata().context("stat inbox")?;
     let position = cursor::load(&bridge, &args.agent, &inbox)?;

@@ -54,6 +54,11 @@ pub fn follow(
     let mut out = std::io::stdout().lock();
     loop {
         if identity(&inbox)? == (journal.journal.dev, journal.journal.ino) {
+            // One reader of the agent at a time; another may have read on meanwhile.
+            let _reading = cursor::reading(&bridge, agent)?;
+            if let cursor::Position::At(at) = cursor::load(&bridge, agent, &inbox)? {
+                printed_to = printed_to.max(at);
+            }
             let reading = Inbox {
                 agent,
                 path: &path,

@@ -182,6 +182,59 @@ pub fn advance(bridge: &Bridge, agent: &str, inbox: &File, offset: u64, via: &st
     Ok(())
 }
 
+/// An agent's reading, held from loading its cursor to moving it: two readers of one agent
+/// (two `read` loops, a hook and a `watch`) never show the same message. Dropping it lets go.
+#[derive(Debug)]
+pub struct Reading {
+    _lock: File,
+}
+
+/// Begin `agent`'s reading: wait for any other reader of that agent to finish.
+pub fn reading(bridge: &Bridge, agent: &str) -> Result<Reading> {
+    let file = reader_lock(bridge, agent)?;
+    file.lock()
+        .map_err(Error::io("lock reader lock", "(reader lock)"))?;
+    Ok(Reading { _lock: file })
+}
+
+/// Begin `agent`'s reading if no other reader holds it for longer than `within` (a hook must
+/// not hang behind a `watch` whose output is paused). `None` when the wait ran out.
+pub fn reading_within(
+    bridge: &Bridge,
+    agent: &str,
+    within: std::time::Duration,
+) -> Result<Option<Reading>> {
+    let file = reader_lock(bridge, agent)?;
+    let until = std::time::Instant::now() + within;
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(Some(Reading { _lock: file })),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < until => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(50));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(Error::io("lock reader lock", "(reader lock)")(e))
+            }
+        }
+    }
+}
+
+fn reader_lock(bridge: &Bridge, agent: &str) -> Result<File> {
+    let path = read_log_path(bridge, agent)?.with_extension("lock");
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(Error::io("open reader lock", &path))
+}
+
 /// How much of the read log is read at a time, from its end.
 const CHUNK: u64 = 64 * 1024;
 
