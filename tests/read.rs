@@ -208,3 +208,32 @@ fn two_readers_of_one_agent_never_show_the_same_message() {
     );
     assert_eq!(all.len(), 2000, "every message shown once");
 }
+
+#[test]
+fn a_cursor_temp_file_left_by_a_killed_reader_is_removed_by_the_next() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    bridge.send("design", "web", "one");
+    // pid 4194305 is above the kernel's pid_max: no process has it. The test's own pid is
+    // alive: a running reader's temp file is never touched.
+    let dead = bridge.dir().join(".web-inbox.cursor.tmp.4194305");
+    let alive = bridge
+        .dir()
+        .join(format!(".web-inbox.cursor.tmp.{}", std::process::id()));
+    std::fs::write(&dead, "partial").unwrap();
+    std::fs::write(&alive, "in flight").unwrap();
+    assert_eq!(bridge.read_json("web", &[]).len(), 1);
+    assert!(!dead.exists(), "the dead reader's temp file is gone");
+    assert!(alive.exists(), "a live one is kept");
+    // What a reader writes on its way is hidden: nothing else appeared beside the inboxes.
+    let visible: Vec<String> = std::fs::read_dir(bridge.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    let mut visible = visible;
+    visible.sort();
+    assert_eq!(
+        visible,
+        ["design-inbox.jsonl", "web-inbox.cursor", "web-inbox.jsonl"]
+    );
+}

@@ -9,6 +9,39 @@ use std::path::Path;
 use crate::fault::{self, Guarded};
 use crate::{Error, Result};
 
+/// The temp file that becomes `path`: hidden, beside it, named after it and this process
+/// (`.web-inbox.cursor.tmp.4242`), so one left by a killed process is recognised as such.
+fn temp_path(path: &Path) -> std::path::PathBuf {
+    let name = path
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    path.with_file_name(format!(".{name}.tmp.{}", std::process::id()))
+}
+
+/// Remove the temp files of `path` that processes no longer running left behind (a process
+/// killed between writing one and renaming it).
+pub fn remove_stale_temps(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return;
+    };
+    let prefix = format!(".{}.tmp.", name.to_string_lossy());
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let dead = pid.parse::<u32>().is_ok_and(|pid| {
+            pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()
+        });
+        if dead {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Write `bytes` to `path` atomically.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     replace_with(path, None, |out| out.write_all(bytes))
@@ -19,7 +52,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// go back but never forward (a reader's cursor: messages shown again, never skipped), where
 /// an fsync on every update would hold up the reader.
 pub fn write_atomic_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let tmp = temp_path(path);
     let replaced = replace_via(path, &tmp, None, false, |out| out.write_all(bytes));
     if replaced.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -34,7 +67,7 @@ pub fn replace_with(
     previous: Option<&Path>,
     write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let tmp = temp_path(path);
     let replaced = replace_via(path, &tmp, previous, true, write);
     if replaced.is_err() {
         // Nothing refers to the temp file: leave no litter (and give back the space).
