@@ -163,6 +163,11 @@ enum Op {
     Term {
         restart: bool,
     },
+    /// The folder is copied and the copy put in its place, the daemon stopped (a restore
+    /// from a backup, a move to another disk): new inodes, the same bytes. Nothing changes.
+    Restore {
+        restart: bool,
+    },
     Start,
     Hup {
         good: bool,
@@ -210,6 +215,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => any::<bool>().prop_map(|r| Op::Kill { restart: r }),
         2 => any::<bool>().prop_map(|r| Op::Term { restart: r }),
         1 => Just(Op::Start),
+        1 => any::<bool>().prop_map(|restart| Op::Restore { restart }),
         2 => any::<bool>().prop_map(|good| Op::Hup { good }),
     ]
 }
@@ -520,6 +526,7 @@ struct Figures {
     restarts: usize,
     reloads: usize,
     destroyed: usize,
+    restores: usize,
     written: usize,
     judged: usize,
     notices: usize,
@@ -534,6 +541,7 @@ impl Figures {
         self.restarts += other.restarts;
         self.reloads += other.reloads;
         self.destroyed += other.destroyed;
+        self.restores += other.restores;
         self.written += other.written;
         self.judged += other.judged;
         self.notices += other.notices;
@@ -602,6 +610,23 @@ impl Case {
             daemon.kill();
             self.figures.kills += 1;
         }
+    }
+
+    /// `cp -a` the bridge folder and put the copy in its place, with no judge running.
+    fn restore(&mut self) {
+        self.kill();
+        let dir = self.bridge.dir();
+        let copy = dir.with_file_name("restored");
+        let copied = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&dir)
+            .arg(&copy)
+            .status()
+            .unwrap();
+        assert!(copied.success());
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::rename(&copy, &dir).unwrap();
+        self.figures.restores += 1;
     }
 
     fn term(&mut self) {
@@ -1157,6 +1182,12 @@ impl Case {
                 }
             }
             Op::Start => self.start(),
+            Op::Restore { restart } => {
+                self.restore();
+                if restart {
+                    self.start();
+                }
+            }
             Op::Hup { good } => self.hup(good),
         }
     }
@@ -1586,7 +1617,7 @@ fn torture(name: &str, cases: u32, max_ops: usize) {
     let t = *totals.lock().unwrap();
     println!(
         "{name}: {} cases, {} ops, {} SIGKILLs, {} SIGTERMs, {} starts, {} reloads, {} files \
-         truncated/replaced/deleted, {} lines written, {} lines judged ({} notices); nothing \
+         truncated/replaced/deleted, {} folders restored, {} lines written, {} lines judged ({} notices); nothing \
          lost, nothing judged twice; {:.1?}",
         t.cases,
         t.ops,
@@ -1595,6 +1626,7 @@ fn torture(name: &str, cases: u32, max_ops: usize) {
         t.restarts,
         t.reloads,
         t.destroyed,
+        t.restores,
         t.written,
         t.judged,
         t.notices,

@@ -9,6 +9,7 @@ mod daemon;
 #[cfg(feature = "long")]
 mod disk;
 mod doorbell;
+mod folder;
 mod generated;
 mod history;
 mod hooks;

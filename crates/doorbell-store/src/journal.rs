@@ -228,9 +228,10 @@ impl InboxJournal {
                 let (dev, ino) = (record.dev.unwrap_or(0), record.ino.unwrap_or(0));
                 if record.gen != self.gen {
                     self.new_generation(record.gen, dev, ino);
-                } else if self.judged_to == 0 && self.mark.is_none() {
-                    // The generation's first marks say which file it is. Verdicts already
-                    // journaled past a held first line (`judged_beyond`) stay.
+                } else if record.dev.is_some() {
+                    // A mark says which file the generation is in now: its first marks, and
+                    // a later one for the same bytes under a new inode (a copied or restored
+                    // inbox). Verdicts already journaled (`judged_beyond`) stay.
                     self.dev = dev;
                     self.ino = ino;
                 }

@@ -1027,13 +1027,25 @@ impl Judge {
         let resume = known
             .judged_to
             .max(known.mark.map_or(0, |(offset, _)| offset));
-        let same = known.dev == meta.dev()
-            && known.ino == meta.ino()
-            && meta.len() >= resume
+        let moved = (known.dev, known.ino) != (meta.dev(), meta.ino());
+        // An inbox is known by its bytes: the marker of what was judged. A file with those
+        // bytes under a new inode (a copy, a restore, a move to another disk) is the same
+        // inbox; without a marker only the inode can say.
+        let same = meta.len() >= resume
             && match known.mark {
                 Some((offset, marker)) => marker.matches(file, offset).unwrap_or(false),
-                None => true,
+                None => !moved,
             };
+        if same && moved {
+            let (gen, mark) = (known.gen, known.mark);
+            tracing::warn!(
+                inbox = name,
+                "inbox has a new inode but the same bytes (copied, restored or moved): it is the same inbox"
+            );
+            let (offset, marker) = mark.map_or((0, None), |(o, m)| (o, Some(m)));
+            self.mark(name, gen, offset, meta, marker, now)?;
+            return Ok(gen);
+        }
         if same {
             return Ok(known.gen);
         }

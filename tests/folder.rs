@@ -1,0 +1,83 @@
+//! The folder's life (DESIGN §9): what a user's machine does to a bridge folder — copy it,
+//! restore it from a backup, move it to another disk — loses nothing from view and repeats
+//! nothing.
+
+use std::path::Path;
+
+use crate::util::{line, Bridge};
+
+/// `cp -a FROM TO`: every file gets a new inode, the bytes and times stay.
+fn copy_folder(from: &Path, to: &Path) {
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn a_copied_or_restored_folder_keeps_every_unread_message_and_repeats_nothing() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let first = bridge.send("design", "web", "read before the copy");
+    bridge.read_json("web", &[]);
+    let unread = bridge.send("design", "web", "unread at the copy");
+    // A refused line: its sender (design) is told once.
+    bridge.append_raw(
+        "web",
+        format!("{}\n", line("01BADTO", "design", "nobody", "note", "")).as_bytes(),
+    );
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let told = bridge.lines("design").len();
+    assert_eq!(told, 1, "one refusal notice before the copy");
+
+    // The copy replaces the original, as a restore from a backup would.
+    let copy = bridge.tmp.path().join("copy");
+    copy_folder(&bridge.dir(), &copy);
+    std::fs::remove_dir_all(bridge.dir()).unwrap();
+    std::fs::rename(&copy, bridge.dir()).unwrap();
+
+    // The unread message is still unread, and nothing already read comes back.
+    assert_eq!(
+        unread_of(&bridge, "web"),
+        1,
+        "status sees the unread message"
+    );
+    let read = bridge.read_json("web", &[]);
+    let ids: Vec<&str> = read
+        .iter()
+        .map(|m| m["envelope"]["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [unread.trim()], "read {first} already");
+    // No line was judged again: no duplicate verdicts, no second notice.
+    let verdicts = bridge.verdicts();
+    assert!(
+        verdicts.iter().all(|v| v.2 != "duplicate"),
+        "lines judged again as duplicates: {verdicts:?}"
+    );
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    assert_eq!(
+        bridge.lines("design").len(),
+        told,
+        "the refusal was told once"
+    );
+    // New traffic goes on as before.
+    let after = bridge.send("design", "web", "after the restore");
+    let read = bridge.read_json("web", &[]);
+    assert_eq!(read.len(), 1);
+    assert_eq!(read[0]["envelope"]["id"], after.trim());
+}
+
+fn unread_of(bridge: &Bridge, agent: &str) -> u64 {
+    let status = bridge.doorbell(&["status", "--json"]);
+    let status: serde_json::Value = serde_json::from_str(status.ok()).unwrap();
+    status["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == agent)
+        .unwrap()["unread"]
+        .as_u64()
+        .unwrap()
+}
