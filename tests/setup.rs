@@ -28,6 +28,20 @@ fn fixture(harness: &str, name: &str) -> Vec<u8> {
     .unwrap()
 }
 
+/// `doorbell setup HARNESS --agent web --project DIR --write`, which must succeed.
+fn write_setup(bridge: &Bridge, harness: &str, project: &str) {
+    let args = [
+        "setup",
+        harness,
+        "--agent",
+        "web",
+        "--project",
+        project,
+        "--write",
+    ];
+    bridge.doorbell(&args).ok();
+}
+
 /// Run a hook command as the harness does (`sh -c`), with a payload.
 fn run_hook(bridge: &Bridge, command: &str, payload: &[u8]) -> crate::util::Run {
     let mut sh = std::process::Command::new("sh");
@@ -46,17 +60,7 @@ fn claude_project_settings_gain_doorbell_once_and_keep_the_rest() {
     std::fs::write(&settings, mine).unwrap();
     let project_arg = project.to_str().unwrap();
     for _ in 0..2 {
-        bridge
-            .doorbell(&[
-                "setup",
-                "claude",
-                "--agent",
-                "web",
-                "--project",
-                project_arg,
-                "--write",
-            ])
-            .ok();
+        write_setup(&bridge, "claude", project_arg);
     }
     let written = json(&settings);
     assert_eq!(written["model"], "opus");
@@ -150,17 +154,7 @@ fn gemini_settings_keep_their_servers_and_bad_json_is_left_alone() {
     let settings = project.join(".gemini/settings.json");
     std::fs::write(&settings, r#"{"mcpServers": {"other": {"command": "x"}}}"#).unwrap();
     let project_arg = project.to_str().unwrap();
-    bridge
-        .doorbell(&[
-            "setup",
-            "gemini",
-            "--agent",
-            "web",
-            "--project",
-            project_arg,
-            "--write",
-        ])
-        .ok();
+    write_setup(&bridge, "gemini", project_arg);
     let written = json(&settings);
     assert_eq!(written["mcpServers"]["other"]["command"], "x");
     assert!(written["mcpServers"]["doorbell"].is_object());

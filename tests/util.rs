@@ -614,6 +614,19 @@ pub fn notices_in(inbox: &str, lines: &[(u64, Vec<u8>)]) -> Vec<Notice> {
 /// Wait (event-driven) until `path` exists; panic after `timeout`.
 #[track_caller]
 pub fn wait_for_file(path: &Path, timeout: std::time::Duration) {
+    wait_until(path, timeout, "appeared", Path::exists);
+}
+
+/// Wait (on the folder's inotify events, never by sleeping) until `path` holds `needle`;
+/// its text.
+pub fn wait_for_text(path: &Path, needle: &str, timeout: std::time::Duration) -> String {
+    let holds = |p: &Path| std::fs::read_to_string(p).is_ok_and(|t| t.contains(needle));
+    wait_until(path, timeout, &format!("held {needle:?}"), holds);
+    std::fs::read_to_string(path).unwrap()
+}
+
+/// Wait until `done(path)`, woken by changes in its folder.
+fn wait_until(path: &Path, timeout: std::time::Duration, what: &str, done: impl Fn(&Path) -> bool) {
     use notify::Watcher;
     let (tx, rx) = std::sync::mpsc::channel();
     let mut watcher = notify::recommended_watcher(move |_event| {
@@ -624,9 +637,9 @@ pub fn wait_for_file(path: &Path, timeout: std::time::Duration) {
         .watch(path.parent().unwrap(), notify::RecursiveMode::NonRecursive)
         .unwrap();
     let deadline = std::time::Instant::now() + timeout;
-    while !path.exists() {
+    while !done(path) {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
-        assert!(!left.is_zero(), "{} never appeared", path.display());
+        assert!(!left.is_zero(), "{} never {what}", path.display());
         let _ = rx.recv_timeout(left);
     }
 }

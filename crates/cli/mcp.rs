@@ -165,8 +165,13 @@ impl Doorbell {
         }
     }
 
-    fn bridge(&self) -> anyhow::Result<Bridge> {
-        self.session.bridge()
+    /// Run `work` as this agent on the bridge, off the async runtime, as a tool result.
+    async fn call(
+        &self,
+        work: impl FnOnce(&str, &Bridge) -> anyhow::Result<Value> + Send + 'static,
+    ) -> Result<CallToolResult, McpError> {
+        let (agent, session) = (self.agent.clone(), self.session.clone());
+        blocking(move || work(&agent, &session.bridge()?)).await
     }
 
     #[tool(
@@ -176,18 +181,16 @@ impl Doorbell {
         &self,
         Parameters(args): Parameters<SendArgs>,
     ) -> Result<CallToolResult, McpError> {
-        let (agent, this) = (self.agent.clone(), self.clone());
-        blocking(move || {
+        self.call(move |agent, bridge| {
             check_text(&args.text)?;
-            let bridge = this.bridge()?;
-            let view = view(&bridge)?;
+            let view = view(bridge)?;
             let reply_by = match &args.reply_by {
                 Some(t) => Some(crate::send::parse_time(t, Utc::now())?),
                 None => None,
             };
             let ids = view.send(&Message {
                 to: args.to,
-                from: Some(agent),
+                from: Some(agent.to_owned()),
                 kind: Some(if args.request { "request" } else { "note" }.to_owned()),
                 priority: args.priority,
                 reply_by,
@@ -206,12 +209,10 @@ impl Doorbell {
         &self,
         Parameters(args): Parameters<ReplyArgs>,
     ) -> Result<CallToolResult, McpError> {
-        let (agent, this) = (self.agent.clone(), self.clone());
-        blocking(move || {
+        self.call(move |agent, bridge| {
             check_text(&args.text)?;
-            let bridge = this.bridge()?;
-            let view = view(&bridge)?;
-            let answer = view.answer(&args.id, Some(agent), &args.state)?;
+            let view = view(bridge)?;
+            let answer = view.answer(&args.id, Some(agent.to_owned()), &args.state)?;
             let to = answer.to.clone();
             let ids = view.send(&Message {
                 text: Some(args.text),
@@ -227,15 +228,9 @@ impl Doorbell {
         &self,
         Parameters(args): Parameters<ReadArgs>,
     ) -> Result<CallToolResult, McpError> {
-        let (agent, this) = (self.agent.clone(), self.clone());
-        blocking(move || {
-            read(
-                &this.bridge()?,
-                &agent,
-                args.max.unwrap_or(MAX_READ).clamp(1, MAX_READ),
-            )
-        })
-        .await
+        let max = args.max.unwrap_or(MAX_READ).clamp(1, MAX_READ);
+        self.call(move |agent, bridge| read(bridge, agent, max))
+            .await
     }
 
     #[tool(
@@ -245,13 +240,11 @@ impl Doorbell {
         &self,
         Parameters(args): Parameters<WaitArgs>,
     ) -> Result<CallToolResult, McpError> {
-        let this = self.clone();
-        blocking(move || {
+        self.call(move |_, bridge| {
             let secs = args.timeout_secs.unwrap_or(60).min(MAX_WAIT_SECS);
             let deadline = Instant::now() + Duration::from_secs(secs);
-            let bridge = this.bridge()?;
             Ok(
-                match crate::wait::wait_for(&bridge, &args.ids, args.any, deadline)? {
+                match crate::wait::wait_for(bridge, &args.ids, args.any, deadline)? {
                     crate::wait::Waited::TimedOut(waiting) => {
                         json!({ "timedOut": true, "answered": [], "waiting": waiting })
                     }
@@ -272,19 +265,17 @@ impl Doorbell {
 
     #[tool(description = "What you owe (with the command that pays it) and what you are owed.")]
     async fn debts(&self) -> Result<CallToolResult, McpError> {
-        let (agent, this) = (self.agent.clone(), self.clone());
-        blocking(move || {
-            let bridge = this.bridge()?;
-            let debts = view(&bridge)?.debts_of(&agent)?;
+        self.call(move |agent, bridge| {
+            let debts = view(bridge)?.debts_of(agent)?;
             let owes: Vec<Value> = debts
                 .iter()
                 .filter(|r| r.debtor_station() == agent)
-                .map(|r| debt_json(r, &agent))
+                .map(|r| debt_json(r, agent))
                 .collect();
             let owed: Vec<Value> = debts
                 .iter()
                 .filter(|r| r.creditor_station() == agent && r.debtor_station() != agent)
-                .map(|r| debt_json(r, &agent))
+                .map(|r| debt_json(r, agent))
                 .collect();
             Ok(json!({ "owes": owes, "owed": owed }))
         })
@@ -296,16 +287,13 @@ impl Doorbell {
         &self,
         Parameters(args): Parameters<ShowArgs>,
     ) -> Result<CallToolResult, McpError> {
-        let this = self.clone();
-        blocking(move || show(&this.bridge()?, &args.id)).await
+        self.call(move |_, bridge| show(bridge, &args.id)).await
     }
 
     #[tool(description = "Every station: unread, owes, is owed; the judge; refusals.")]
     async fn status(&self) -> Result<CallToolResult, McpError> {
-        let this = self.clone();
-        blocking(move || {
-            let bridge = this.bridge()?;
-            let status = doorbell_store::board::status(&mut view(&bridge)?)?;
+        self.call(move |_, bridge| {
+            let status = doorbell_store::board::status(&mut view(bridge)?)?;
             Ok(serde_json::to_value(status)?)
         })
         .await

@@ -230,16 +230,7 @@ pub fn reading_within(
 }
 
 fn reader_lock(bridge: &Bridge, agent: &str) -> Result<File> {
-    let path = read_log_path(bridge, agent)?.with_extension("lock");
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(Error::io("open reader lock", &path))
+    crate::lock::open_lock_file(&read_log_path(bridge, agent)?.with_extension("lock"))
 }
 
 /// How much of the read log is read at a time, from its end.

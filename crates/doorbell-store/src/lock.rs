@@ -105,14 +105,19 @@ pub fn holder(bridge: &Bridge) -> String {
 /// probing whether someone holds it.
 pub fn lock_file(bridge: &Bridge) -> Result<(File, PathBuf)> {
     let path = bridge.state_dir()?.join("lock");
-    let file = OpenOptions::new()
+    let file = open_lock_file(&path)?;
+    Ok((file, path))
+}
+
+/// A lock file at `path`, opened (created 0600 when missing) and never through a symlink.
+pub(crate) fn open_lock_file(path: &std::path::Path) -> Result<File> {
+    OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(Error::io("open lock", &path))?;
-    Ok((file, path))
+        .open(path)
+        .map_err(Error::io("open lock", path))
 }
