@@ -81,3 +81,59 @@ fn unread_of(bridge: &Bridge, agent: &str) -> u64 {
         .as_u64()
         .unwrap()
 }
+
+/// Run `doorbell ARGS` as `nobody`, for whom a file's mode counts (root reads any file).
+fn as_nobody(bridge: &Bridge, args: &[&str]) -> crate::util::Run {
+    let mut command = std::process::Command::new("setpriv");
+    bridge.env(&mut command);
+    command
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_doorbell"))
+        .args(args);
+    crate::util::run(command, None)
+}
+
+#[test]
+fn an_unreadable_inbox_is_skipped_and_said_while_every_other_station_works() {
+    let bridge = Bridge::with_agents(&["web", "design", "ops", "human"]);
+    bridge.send("design", "web", "for web");
+    bridge.send("web", "ops", "for ops");
+    // The whole folder belongs to nobody, as a user's own folder belongs to them.
+    let chown = std::process::Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(bridge.tmp.path())
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let mode = |m: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(bridge.inbox("web"), std::fs::Permissions::from_mode(m)).unwrap();
+    };
+    mode(0o000);
+    let once = as_nobody(&bridge, &["daemon", "--once"]);
+    assert_eq!(
+        once.code, 0,
+        "one unreadable inbox stopped the judge: {once:?}"
+    );
+    assert!(
+        once.stderr.contains("web-inbox.jsonl") && once.stderr.contains("cannot read this inbox"),
+        "{}",
+        once.stderr
+    );
+    // Everyone else reads, and status works and says what is wrong.
+    let read = as_nobody(&bridge, &["read", "ops", "--json"]);
+    assert_eq!(read.code, 0, "{read:?}");
+    assert_eq!(read.stdout.lines().count(), 1);
+    let status = as_nobody(&bridge, &["status"]);
+    assert_eq!(status.code, 0, "{status:?}");
+    assert!(
+        status.stderr.contains("web's inbox cannot be read"),
+        "{}",
+        status.stderr
+    );
+    // Made readable again: its message is judged and shown, nothing lost.
+    mode(0o600);
+    let read = as_nobody(&bridge, &["read", "web", "--json"]);
+    assert_eq!(read.code, 0, "{read:?}");
+    assert_eq!(read.stdout.lines().count(), 1, "{}", read.stdout);
+}

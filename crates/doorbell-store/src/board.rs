@@ -83,15 +83,22 @@ pub fn status(view: &mut View) -> Result<Status> {
             agent.is_owed += 1;
         }
     }
+    let mut warnings = Vec::new();
     for agent in agents.values_mut().filter(|a| a.has_inbox) {
         if let Some(journal) = view.inboxes().get(&agent.name) {
             agent.last_activity = DateTime::from_timestamp_millis(journal.last_accepted_at)
                 .filter(|_| journal.last_accepted_at > 0)
                 .map(|t| t.to_rfc3339_opts(SecondsFormat::Secs, true));
-            agent.unread = view.unread(&agent.name)?;
+        }
+        // One inbox that cannot be read (its mode, a disk error) is said, not fatal.
+        match view.unread(&agent.name) {
+            Ok(unread) => agent.unread = unread,
+            Err(error) => warnings.push(format!(
+                "{}'s inbox cannot be read, so its messages are not judged or shown: {error}",
+                agent.name
+            )),
         }
     }
-    let mut warnings = Vec::new();
     let human = &config.human;
     if !inboxes.contains(human) {
         warnings.push(format!(

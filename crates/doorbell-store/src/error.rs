@@ -31,7 +31,7 @@ pub enum Error {
     Locked { dir: PathBuf, holder: String },
     #[error("config {path}: {message}")]
     Config { path: PathBuf, message: String },
-    #[error("journal {path} line {line}: {message} (the judge's journal is damaged; move it aside to rebuild the ledger from the inboxes)")]
+    #[error("journal {path} line {line}: {message} (the judge's journal is damaged, so the judge stops rather than judge over it; keep the folder as it is: moving the journal aside would judge every line again and repeat rings and notices; restore .doorbell/ from a backup, see docs/RELIABILITY.md)")]
     CorruptJournal {
         path: PathBuf,
         line: u64,

@@ -201,6 +201,8 @@ pub struct Judge {
     holds: u64,
     /// The names file last written for the shell sender (`None`: write it at the next refresh).
     published_names: Option<String>,
+    /// Inboxes that could not be opened (their mode): warned of once each.
+    unreadable: BTreeSet<String>,
 }
 
 impl Judge {
@@ -221,6 +223,7 @@ impl Judge {
             registry: bridge.registry()?,
             inbox_names: bridge.inboxes()?.into_iter().collect(),
             published_names: None,
+            unreadable: BTreeSet::new(),
             bridge,
             _lock: lock,
             journal_path,
@@ -817,8 +820,21 @@ impl Judge {
             Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(None)
             }
+            // One unreadable inbox (its mode) never stops the others: said once, skipped
+            // until it can be read again, nothing of it judged meanwhile.
+            Err(Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                if self.unreadable.insert(name.to_owned()) {
+                    tracing::warn!(path = %path.display(), error = %source, "cannot read this inbox: skipping it, every other inbox is judged");
+                }
+                return Ok(None);
+            }
             Err(e) => return Err(e),
         };
+        if self.unreadable.remove(name) {
+            tracing::warn!(path = %path.display(), "the inbox can be read again: judging it");
+        }
         let meta = file.metadata().map_err(Error::io("stat inbox", &path))?;
         Ok(Some((file, meta)))
     }
