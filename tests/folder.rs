@@ -137,3 +137,38 @@ fn an_unreadable_inbox_is_skipped_and_said_while_every_other_station_works() {
     assert_eq!(read.code, 0, "{read:?}");
     assert_eq!(read.stdout.lines().count(), 1, "{}", read.stdout);
 }
+
+#[test]
+fn a_hard_linked_or_renamed_inbox_is_not_judged_again_and_no_sender_is_told_of_refusals() {
+    for how in ["hard link", "rename"] {
+        let bridge = Bridge::with_agents(&["web", "design", "human"]);
+        for n in 0..3 {
+            bridge.send("design", "web", &format!("message {n}"));
+        }
+        bridge.doorbell(&["daemon", "--once"]).ok();
+        let judged = bridge.verdicts().len();
+        let other = bridge.inbox("frontend");
+        match how {
+            "hard link" => std::fs::hard_link(bridge.inbox("web"), &other).unwrap(),
+            _ => std::fs::rename(bridge.inbox("web"), &other).unwrap(),
+        }
+        let once = bridge.doorbell(&["daemon", "--once"]);
+        assert_eq!(once.code, 0, "{how}: {once:?}");
+        assert!(
+            once.stderr.contains("web's file under another name"),
+            "{how}: {}",
+            once.stderr
+        );
+        // Nothing judged again: no `misaddressed` refusals, no notice to design.
+        assert_eq!(
+            bridge.verdicts().len(),
+            judged,
+            "{how}: {:?}",
+            bridge.verdicts()
+        );
+        assert!(
+            bridge.lines("design").is_empty(),
+            "{how}: design was told of refusals"
+        );
+    }
+}

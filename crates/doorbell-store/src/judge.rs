@@ -203,6 +203,8 @@ pub struct Judge {
     published_names: Option<String>,
     /// Inboxes that could not be opened (their mode): warned of once each.
     unreadable: BTreeSet<String>,
+    /// Inbox names that are another inbox's file (a hard link, a rename): warned of once.
+    doubles: BTreeSet<String>,
 }
 
 impl Judge {
@@ -224,6 +226,7 @@ impl Judge {
             inbox_names: bridge.inboxes()?.into_iter().collect(),
             published_names: None,
             unreadable: BTreeSet::new(),
+            doubles: BTreeSet::new(),
             bridge,
             _lock: lock,
             journal_path,
@@ -875,6 +878,16 @@ impl Judge {
         let Some((file, meta)) = self.current_file(name, now, held, stats)? else {
             return Ok(());
         };
+        if let Some(other) = self.same_file_as_another(name, &file, &meta) {
+            if self.doubles.insert(name.to_owned()) {
+                tracing::warn!(
+                    inbox = name,
+                    of = %other,
+                    "this inbox is {other}'s file under another name (a hard link, or {other}'s inbox renamed): its lines were judged as {other}'s and are not judged again; rename it back, or give the new agent an inbox of its own"
+                );
+            }
+            return Ok(());
+        }
         // Whatever goes wrong (a stop, a failed write), the file stays open: if it is replaced
         // before the next sweep, its unread lines can still be drained.
         let read = self
@@ -1023,6 +1036,30 @@ impl Judge {
             .values()
             .any(|i| i.inbox == name && i.line.as_bytes() == bytes.as_slice());
         Ok(own.then_some(bytes))
+    }
+
+    /// For an inbox name never judged: the known inbox whose file this is (the same inode
+    /// and the same judged bytes): a hard link to it, or it renamed.
+    fn same_file_as_another(
+        &self,
+        name: &str,
+        file: &File,
+        meta: &std::fs::Metadata,
+    ) -> Option<String> {
+        if self.snapshot.inboxes.contains_key(name) {
+            return None;
+        }
+        self.snapshot
+            .inboxes
+            .iter()
+            .find(|(other, known)| {
+                other.as_str() != name
+                    && (known.dev, known.ino) == (meta.dev(), meta.ino())
+                    && known.mark.is_some_and(|(offset, marker)| {
+                        meta.len() >= offset && marker.matches(file, offset).unwrap_or(false)
+                    })
+            })
+            .map(|(other, _)| other.clone())
     }
 
     /// Make sure the journal's view of the inbox belongs to this very file; start a new
