@@ -172,3 +172,41 @@ fn a_hard_linked_or_renamed_inbox_is_not_judged_again_and_no_sender_is_told_of_r
         );
     }
 }
+
+#[test]
+fn a_megabyte_of_blank_lines_is_one_refused_fragment_not_hundreds_of_megabytes() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut bytes = b"\n".repeat(1 << 20);
+    bytes.extend_from_slice(b"  \t\r\n");
+    bridge.append_raw("web", &bytes);
+    let after = bridge.send("design", "web", "after the blanks");
+    let once = bridge.doorbell(&["daemon", "--once"]);
+    assert!(
+        once.stderr
+            .contains("judged 2 lines: 1 accepted, 0 duplicate, 1 refused"),
+        "{}",
+        once.stderr
+    );
+    let state: u64 = std::fs::read_dir(bridge.dir().join(".doorbell"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(
+        state < 256 * 1024,
+        "1 MiB of blank lines made {state} bytes of state"
+    );
+    let verdicts = bridge.verdicts();
+    assert_eq!(
+        verdicts[0],
+        (
+            "web".to_owned(),
+            0,
+            "refused".to_owned(),
+            Some("bad-json".to_owned())
+        )
+    );
+    // The message after them reads as ever; the blanks are never shown.
+    let read = bridge.read_json("web", &[]);
+    assert_eq!(read.len(), 1);
+    assert_eq!(read[0]["envelope"]["id"], after.trim());
+}

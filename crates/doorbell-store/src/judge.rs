@@ -121,6 +121,11 @@ impl PendingCheckpoint {
     }
 }
 
+/// A line of nothing but white space: no message, never accepted.
+pub(crate) fn is_blank(bytes: &[u8]) -> bool {
+    bytes.iter().all(|b| matches!(b, b' ' | b'\t' | b'\r'))
+}
+
 /// A line whose request has not been seen yet.
 #[derive(Debug)]
 struct Held {
@@ -957,10 +962,27 @@ impl Judge {
             .collect();
         let mut reader = std::mem::replace(&mut self.reader, LineReader::new(0));
         let interrupt = Arc::clone(&self.interrupt);
+        // A run of blank lines is one refused fragment, one record: a megabyte of newlines
+        // must not become hundreds of megabytes of journal, refused log and index.
+        let mut blank: Option<(u64, u64)> = None;
         let result = reader.read(file, start, |line| {
             if interrupt.load(Ordering::Relaxed) {
                 return Err(Error::Interrupted);
             }
+            if let Line::Complete { offset, bytes } = &line {
+                if is_blank(bytes) && !beyond.contains_key(offset) && !holding.contains(offset) {
+                    let end = offset + bytes.len() as u64 + 1;
+                    match &mut blank {
+                        Some((_, run_end)) if *run_end == *offset => *run_end = end,
+                        _ => {
+                            self.refuse_blanks(name, gen, blank.take(), now, stats)?;
+                            blank = Some((*offset, end));
+                        }
+                    }
+                    return Ok(());
+                }
+            }
+            self.refuse_blanks(name, gen, blank.take(), now, stats)?;
             if beyond.contains_key(&line.offset()) || holding.contains(&line.offset()) {
                 return Ok(());
             }
@@ -1004,7 +1026,41 @@ impl Judge {
             }
         });
         self.reader = reader;
-        result
+        let end = result?;
+        self.refuse_blanks(name, gen, blank, now, stats)?;
+        Ok(end)
+    }
+
+    /// Refuse a run of blank lines, `[start, end)`, with one verdict.
+    fn refuse_blanks(
+        &mut self,
+        name: &str,
+        gen: u32,
+        run: Option<(u64, u64)>,
+        now: DateTime<Utc>,
+        stats: &mut CatchUp,
+    ) -> Result<()> {
+        let Some((start, end)) = run else {
+            return Ok(());
+        };
+        let detail = if end - start == 1 {
+            "blank line".to_owned()
+        } else {
+            format!("blank lines ({} bytes)", end - start)
+        };
+        let refusal = Refusal::new(RefusalReason::BadJson, detail);
+        let verdict = Verdict::Refused(refusal);
+        self.record(
+            name,
+            gen,
+            start,
+            end - start,
+            &verdict,
+            None,
+            None,
+            now,
+            stats,
+        )
     }
 
     /// The bytes of the over-long line at `offset` when they are exactly a line the judge

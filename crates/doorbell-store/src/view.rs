@@ -553,7 +553,12 @@ impl InboxView {
             .take()
             .unwrap_or_else(|| LineReader::new(self.max_line_bytes));
         let read = reader.read(file, from, |line| match line {
-            Line::Complete { offset, bytes } if self.is_accepted(offset) => each(offset, bytes),
+            // A blank line inside a refused run has no verdict of its own: never a message.
+            Line::Complete { offset, bytes }
+                if self.is_accepted(offset) && !crate::judge::is_blank(bytes) =>
+            {
+                each(offset, bytes)
+            }
             _ => Ok(()),
         });
         self.reader = Some(reader);
