@@ -210,3 +210,62 @@ fn a_megabyte_of_blank_lines_is_one_refused_fragment_not_hundreds_of_megabytes()
     assert_eq!(read.len(), 1);
     assert_eq!(read[0]["envelope"]["id"], after.trim());
 }
+
+#[test]
+fn a_process_holding_an_inbox_lock_stops_neither_the_judge_nor_a_sender_for_good() {
+    let bridge = Bridge::with_agents(&["web", "design", "ops", "human"]);
+    // A refused line from web: its notice is due in web's own inbox.
+    bridge.append_raw(
+        "design",
+        format!(
+            "{}\n",
+            line("01BADPRIO", "web", "design", "note", r#","priority":9"#)
+        )
+        .as_bytes(),
+    );
+    // Another process holds web's inbox lock and hangs.
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .open(bridge.inbox("web"))
+        .unwrap();
+    held.lock().unwrap();
+    let daemon = crate::util::Daemon::start(&bridge, &[]);
+    let mut daemon = daemon;
+    daemon.expect_stderr(
+        "another process holds this inbox's lock",
+        std::time::Duration::from_secs(30),
+    );
+    // Everything else is judged meanwhile.
+    let id = bridge.send("design", "ops", "judged while web is locked");
+    let watch = crate::util::Watch::start(&bridge, "ops");
+    assert_eq!(watch.next(std::time::Duration::from_secs(30)), id.trim());
+    // Senders to web get a clear error instead of hanging.
+    let started = std::time::Instant::now();
+    let sent = bridge.doorbell(&["send", "--from", "design", "--to", "web", "hello?"]);
+    assert_eq!(sent.code, 1, "{sent:?}");
+    assert!(
+        sent.stderr.contains("locked by another process"),
+        "{}",
+        sent.stderr
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    let script = bridge.script(&["--from", "design", "--to", "web", "--", "hello?"], None);
+    assert_eq!(script.code, 1, "{script:?}");
+    assert!(
+        script.stderr.contains("locked by another process"),
+        "{}",
+        script.stderr
+    );
+    // Released: the notice is written, once.
+    drop(held);
+    bridge.send("design", "ops", "a nudge for the judge");
+    daemon.expect_stderr("lock was released", std::time::Duration::from_secs(30));
+    drop(watch);
+    daemon.kill();
+    let notices = bridge
+        .lines("web")
+        .iter()
+        .filter(|l| String::from_utf8_lossy(l).contains("01BADPRIO"))
+        .count();
+    assert_eq!(notices, 1, "the refusal notice, written once");
+}

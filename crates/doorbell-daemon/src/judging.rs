@@ -13,6 +13,8 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::Ready;
 
+/// How often a notice that could not be written is tried again.
+const NOTICE_RETRY: Duration = Duration::from_secs(2);
 /// Refusals to one sender within this window share one notice.
 const NOTICE_WINDOW: Duration = Duration::from_millis(200);
 /// How long judged lines may wait for a checkpoint. The journal is the truth in between;
@@ -220,6 +222,10 @@ fn step(
     if judge.has_untold() {
         due.notice
             .get_or_insert_with(|| Instant::now() + NOTICE_WINDOW);
+    } else if judge.has_unwritten() {
+        // A notice whose inbox another process holds locked: try again in a while.
+        due.notice
+            .get_or_insert_with(|| Instant::now() + NOTICE_RETRY);
     }
     let now_instant = Instant::now();
     let ringing = batch.ring.is_some_and(|at| at <= now_instant);

@@ -10,8 +10,31 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use crate::{Error, Result};
+
+/// Take `file`'s lock, waiting at most `wait` (a short sleep between tries).
+fn lock_within(file: &std::fs::File, path: &Path, wait: Duration) -> Result<()> {
+    let until = Instant::now() + wait;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) if Instant::now() < until => {
+                std::thread::sleep(pause.min(until.saturating_duration_since(Instant::now())));
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::InboxLocked {
+                    path: path.to_path_buf(),
+                    secs: wait.as_secs_f64(),
+                })
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("lock inbox", path)(e)),
+        }
+    }
+}
 
 /// Open an existing inbox without following a symlink or blocking on a FIFO, and make sure it
 /// is a regular file.
@@ -42,15 +65,24 @@ pub fn open_inbox(path: &Path, append: bool) -> Result<File> {
     Ok(file)
 }
 
-/// Append `line` (one JSON object without its newline) to the inbox at `path`. Returns the
-/// offset the line starts at.
+/// How long a sender waits for an inbox another process holds locked.
+pub const SENDER_WAIT: Duration = Duration::from_secs(10);
+
+/// Append `line` (one JSON object without its newline) to the inbox at `path`, waiting at
+/// most [`SENDER_WAIT`] for its lock. Returns the offset the line starts at.
 pub fn append_line(path: &Path, line: &[u8]) -> Result<u64> {
+    append_line_within(path, line, SENDER_WAIT)
+}
+
+/// Append `line` to the inbox at `path`, waiting at most `wait` for its lock: a process
+/// that holds it and hangs gets [`Error::InboxLocked`], never a writer stuck for good.
+pub fn append_line_within(path: &Path, line: &[u8], wait: Duration) -> Result<u64> {
     debug_assert!(
         !line.contains(&b'\n'),
         "a line never contains a raw newline"
     );
     let file = open_inbox(path, true)?;
-    file.lock().map_err(Error::io("lock inbox", path))?;
+    lock_within(&file, path, wait)?;
     let len = file
         .metadata()
         .map_err(Error::io("stat inbox", path))?

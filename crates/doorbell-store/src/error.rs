@@ -27,6 +27,8 @@ pub enum Error {
     NotRegularFile { path: PathBuf },
     #[error("the bridge folder {path} does not exist (create it, or pick another with --dir or DOORBELL_DIR)")]
     NoBridge { path: PathBuf },
+    #[error("{path} has been locked by another process for {secs} s (a writer that hangs?): nothing was written; try again, or find the holder with `fuser {path}`")]
+    InboxLocked { path: PathBuf, secs: f64 },
     #[error("another judge holds the bridge {dir} ({holder})")]
     Locked { dir: PathBuf, holder: String },
     #[error("config {path}: {message}")]

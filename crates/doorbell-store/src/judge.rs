@@ -27,7 +27,7 @@ use doorbell_core::{
     BUILTIN_LOOPS,
 };
 
-use crate::append::{append_line, open_inbox};
+use crate::append::{append_line_within, open_inbox};
 use crate::hash::Marker;
 use crate::index::{Changes, Index, IndexWriter};
 use crate::journal::{
@@ -121,6 +121,9 @@ impl PendingCheckpoint {
     }
 }
 
+/// How long the judge waits for an inbox's lock to write a notice there.
+const NOTICE_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// A line of nothing but white space: no message, never accepted.
 pub(crate) fn is_blank(bytes: &[u8]) -> bool {
     bytes.iter().all(|b| matches!(b, b' ' | b'\t' | b'\r'))
@@ -210,6 +213,8 @@ pub struct Judge {
     unreadable: BTreeSet<String>,
     /// Inbox names that are another inbox's file (a hard link, a rename): warned of once.
     doubles: BTreeSet<String>,
+    /// Inboxes whose lock another process held when a notice was due: warned of once.
+    locked_inboxes: BTreeSet<String>,
 }
 
 impl Judge {
@@ -232,6 +237,7 @@ impl Judge {
             published_names: None,
             unreadable: BTreeSet::new(),
             doubles: BTreeSet::new(),
+            locked_inboxes: BTreeSet::new(),
             bridge,
             _lock: lock,
             journal_path,
@@ -477,6 +483,15 @@ impl Judge {
         !self.snapshot.untold.is_empty()
     }
 
+    /// Whether a line the judge means to write is not written yet (its inbox was locked by
+    /// another process, or could not be written): the daemon tries again on a timer.
+    pub fn has_unwritten(&self) -> bool {
+        self.snapshot
+            .intents
+            .keys()
+            .any(|id| !self.written.contains(id))
+    }
+
     /// Write what is due: intents never written (after a crash) and a notice for every
     /// refusal not yet told, coalesced per sender. Returns the inboxes written to.
     pub fn emit(&mut self, now: DateTime<Utc>, stats: &mut CatchUp) -> Result<Vec<String>> {
@@ -513,11 +528,21 @@ impl Judge {
             .collect();
         for (id, intent) in pending {
             let path = self.bridge.inbox_path(&intent.inbox)?;
-            match append_line(&path, intent.line.as_bytes()) {
+            // A notice waits a moment for an inbox another process holds, never longer:
+            // every other inbox is judged meanwhile, and the notice is written later.
+            match append_line_within(&path, intent.line.as_bytes(), NOTICE_WAIT) {
                 Ok(_) => {
                     self.written.insert(id);
                     stats.notices += 1;
+                    if self.locked_inboxes.remove(&intent.inbox) {
+                        tracing::warn!(inbox = %intent.inbox, "the inbox's lock was released: its notices are written");
+                    }
                     targets.insert(intent.inbox);
+                }
+                Err(Error::InboxLocked { .. }) => {
+                    if self.locked_inboxes.insert(intent.inbox.clone()) {
+                        tracing::warn!(inbox = %intent.inbox, "another process holds this inbox's lock (a writer that hangs?): its notices wait, every other inbox is judged");
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(inbox = %intent.inbox, id = %id, error = %e, "could not write a notice; will try again");
