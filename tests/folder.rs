@@ -170,6 +170,14 @@ fn a_hard_linked_or_renamed_inbox_is_not_judged_again_and_no_sender_is_told_of_r
             bridge.lines("design").is_empty(),
             "{how}: design was told of refusals"
         );
+        let status = bridge.doorbell(&["status"]);
+        assert!(
+            status
+                .stderr
+                .contains("frontend-inbox.jsonl is web's inbox under another name"),
+            "{how}: {}",
+            status.stderr
+        );
     }
 }
 

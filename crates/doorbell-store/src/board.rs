@@ -90,6 +90,12 @@ pub fn status(view: &mut View) -> Result<Status> {
                 .filter(|_| journal.last_accepted_at > 0)
                 .map(|t| t.to_rfc3339_opts(SecondsFormat::Secs, true));
         }
+        if let Some(other) = view.inbox_is_another(&agent.name)? {
+            warnings.push(format!(
+                "{0}-inbox.jsonl is {other}'s inbox under another name (a hard link, or a rename): it is not judged; rename it back to {other}-inbox.jsonl, or give {0} an inbox of its own",
+                agent.name
+            ));
+        }
         // One inbox that cannot be read (its mode, a disk error) is said, not fatal.
         match view.unread(&agent.name) {
             Ok(unread) => agent.unread = unread,

@@ -327,6 +327,31 @@ impl Snapshot {
     }
 
     /// Bring every open request into memory (the judge needs them all to ring).
+    /// For an inbox name never judged: the known inbox whose file this is (the same inode
+    /// and the same judged bytes), a hard link to it or it renamed.
+    #[must_use]
+    pub fn same_file_as_another(
+        &self,
+        name: &str,
+        file: &File,
+        meta: &std::fs::Metadata,
+    ) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        if self.inboxes.contains_key(name) {
+            return None;
+        }
+        self.inboxes
+            .iter()
+            .find(|(other, known)| {
+                other.as_str() != name
+                    && (known.dev, known.ino) == (meta.dev(), meta.ino())
+                    && known.mark.is_some_and(|(offset, marker)| {
+                        meta.len() >= offset && marker.matches(file, offset).unwrap_or(false)
+                    })
+            })
+            .map(|(other, _)| other.clone())
+    }
+
     /// Load the open requests of which `station` is a party into the ledger.
     pub fn load_open_requests_of(&mut self, station: &str) -> Result<()> {
         if let Some(index) = &self.index {

@@ -908,7 +908,7 @@ impl Judge {
         let Some((file, meta)) = self.current_file(name, now, held, stats)? else {
             return Ok(());
         };
-        if let Some(other) = self.same_file_as_another(name, &file, &meta) {
+        if let Some(other) = self.snapshot.same_file_as_another(name, &file, &meta) {
             if self.doubles.insert(name.to_owned()) {
                 tracing::warn!(
                     inbox = name,
@@ -1117,30 +1117,6 @@ impl Judge {
             .values()
             .any(|i| i.inbox == name && i.line.as_bytes() == bytes.as_slice());
         Ok(own.then_some(bytes))
-    }
-
-    /// For an inbox name never judged: the known inbox whose file this is (the same inode
-    /// and the same judged bytes): a hard link to it, or it renamed.
-    fn same_file_as_another(
-        &self,
-        name: &str,
-        file: &File,
-        meta: &std::fs::Metadata,
-    ) -> Option<String> {
-        if self.snapshot.inboxes.contains_key(name) {
-            return None;
-        }
-        self.snapshot
-            .inboxes
-            .iter()
-            .find(|(other, known)| {
-                other.as_str() != name
-                    && (known.dev, known.ino) == (meta.dev(), meta.ino())
-                    && known.mark.is_some_and(|(offset, marker)| {
-                        meta.len() >= offset && marker.matches(file, offset).unwrap_or(false)
-                    })
-            })
-            .map(|(other, _)| other.clone())
     }
 
     /// Make sure the journal's view of the inbox belongs to this very file; start a new

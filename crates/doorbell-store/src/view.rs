@@ -196,6 +196,23 @@ impl View {
         Ok(ids)
     }
 
+    /// The known inbox whose file `agent`'s inbox is, when it is another's under a new name
+    /// (a hard link, a rename): the judge does not judge it.
+    pub fn inbox_is_another(&self, agent: &str) -> Result<Option<String>> {
+        if self.snapshot.inboxes.contains_key(agent) {
+            // Judged under its own name: cheap, and the common case.
+            return Ok(None);
+        }
+        let path = self.bridge.inbox_path(agent)?;
+        let Ok(file) = crate::append::open_inbox(&path, false) else {
+            return Ok(None);
+        };
+        let meta = file
+            .metadata()
+            .map_err(crate::Error::io("stat inbox", &path))?;
+        Ok(self.snapshot.same_file_as_another(agent, &file, &meta))
+    }
+
     /// The open debts of which `station` is a party (it owes, or it is owed), oldest state
     /// first: read from the index by party, so a hook pays for this station's debts only.
     pub fn debts_of(&mut self, station: &str) -> Result<Vec<Request>> {
