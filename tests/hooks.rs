@@ -492,3 +492,54 @@ fn the_tmux_recipe_types_its_fixed_prompt_into_the_agents_pane_never_the_message
     );
     assert!(!got.contains("PWNED") && !got.contains("rm -rf"), "{got}");
 }
+
+#[test]
+fn text_that_escapes_long_stays_under_the_cap_and_refused_lines_are_passed() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    // Each ESC is shown as a six-character escape: cut to fit after escaping, not before.
+    let escapes = "\u{1b}".repeat(3000);
+    for (harness, max) in [("claude", 4000), ("gemini", 1500)] {
+        bridge.config(&format!("hook_max_chars = {max}\n"));
+        let id = bridge.send("design", "web", &escapes);
+        // A refused line after it: once everything was shown, the cursor passes it too.
+        let refused = format!("01REFUSED{max}");
+        bridge.append_raw(
+            "web",
+            format!(
+                "{}\n",
+                crate::util::line(&refused, "design", "nobody", "note", "")
+            )
+            .as_bytes(),
+        );
+        let answer = at(&bridge, harness, "prompt", "web").expect("shown, cut");
+        let text = context(harness, event(harness, "prompt"), &answer);
+        assert!(
+            text.chars().count() <= max,
+            "{} chars over {max}",
+            text.chars().count()
+        );
+        assert!(
+            text.contains(&format!("doorbell show {}", id.trim())),
+            "{text}"
+        );
+    }
+    // Everything was shown or refused: nothing is new, and no hook opens the bridge for it.
+    assert_eq!(at(&bridge, "claude", "prompt", "web"), None);
+    let cursor = std::fs::read_to_string(bridge.dir().join("web-inbox.cursor")).unwrap();
+    let len = std::fs::metadata(bridge.inbox("web")).unwrap().len();
+    assert!(
+        cursor.contains(&format!("\"offset\":{len}")),
+        "{cursor} vs {len}"
+    );
+    bridge.config("hook_max_chars = 500\n");
+    let refused = bridge.doorbell_stdin(
+        &["hook", "UserPromptSubmit", "--agent", "web"],
+        &payload("claude", "UserPromptSubmit"),
+    );
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(
+        refused.stderr.contains("between 1500 and 9000"),
+        "{}",
+        refused.stderr
+    );
+}

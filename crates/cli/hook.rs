@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
 use doorbell_core::debts::{answer_command_from, span};
-use doorbell_core::{Kind, Request, State};
+use doorbell_core::{Request, State};
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor;
 use doorbell_store::view::envelope_of;
@@ -274,18 +274,18 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
         text.debts_owed(&owes, now);
         text.owed_to(&credits, now);
     }
-    let (shown_to, unread_requests) = frame_unread(&mut view, &bridge, &agent, &mut text, now)?;
+    let shown_to = frame_unread(&mut view, &bridge, &agent, &mut text, now)?;
     let decision_block = input.moment == Moment::Stop;
     if decision_block {
-        let blocks = stop_blocks(&agent, &mut state, &mut text, &owes, unread_requests, now);
+        let blocks = stop_blocks(&agent, &mut state, &mut text, &owes, now);
         if !blocks {
             // Nothing is said at a stop that is let through: what arrived waits for the
             // next prompt, unread.
             return finish(None, bridge, agent, None, state, state_path, lock);
         }
-    }
-    if text.is_empty() {
-        return finish(None, bridge, agent, None, state, state_path, lock);
+        // The block is remembered before it is said: a block that could not be remembered
+        // could be said again at every stop, and an agent must never be trapped.
+        state.save(&state_path)?;
     }
     if text.left_out > 0 {
         let _ = write!(
@@ -294,6 +294,10 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
             text.left_out,
             if text.left_out == 1 { "" } else { "s" }
         );
+    }
+    if text.is_empty() {
+        // Nothing to show; the cursor may still pass refused lines past it.
+        return finish(None, bridge, agent, shown_to, state, state_path, lock);
     }
     if input.moment == Moment::AfterTool {
         state.after_tool_at = now.timestamp_millis();
@@ -330,25 +334,21 @@ fn frame_unread(
     agent: &str,
     text: &mut Composer,
     now: DateTime<Utc>,
-) -> anyhow::Result<(Option<ShownTo>, Vec<String>)> {
+) -> anyhow::Result<Option<ShownTo>> {
     let path = bridge.inbox_path(agent)?;
     let inbox = open_inbox(&path, false)?;
     let meta = inbox.metadata().context("stat inbox")?;
     let from = cursor::load(bridge, agent, &inbox)?.offset();
     let mut shown_to = None;
-    let mut unread_requests = Vec::new();
     if let Some(mut journal) = view
         .inbox(agent, from)?
         .filter(|j| j.journal.dev == meta.dev() && j.journal.ino == meta.ino())
     {
         let mut full = false;
-        journal.accepted_lines(&inbox, from, |offset, bytes| -> anyhow::Result<()> {
+        let end = journal.accepted_lines(&inbox, from, |offset, bytes| -> anyhow::Result<()> {
             let Some(envelope) = envelope_of(bytes) else {
                 bail!("{} changed at byte {offset} while reading", path.display());
             };
-            if envelope.kind == Kind::Request {
-                unread_requests.push(envelope.id.to_string());
-            }
             if !full && text.message(&envelope, now) {
                 shown_to = Some(offset + bytes.len() as u64 + 1);
             } else {
@@ -357,25 +357,29 @@ fn frame_unread(
             }
             Ok(())
         })?;
+        // Everything past the cursor was shown: it may pass the refused lines after the
+        // last message too, or the inbox never looks read.
+        if !full && end > from {
+            shown_to = Some(end);
+        }
     }
-    Ok((shown_to.map(|to| (inbox, to)), unread_requests))
+    Ok(shown_to.map(|to| (inbox, to)))
 }
 
-/// Whether a stop is blocked: while requests are unread, or shown and neither answered nor
-/// acknowledged; never twice for one set, never more than `MAX_BLOCKS_IN_ROW` in a row.
+/// Whether a stop is blocked: while requests to the agent are open and neither answered nor
+/// acknowledged (read or still unread); never twice for one set, never more than
+/// `MAX_BLOCKS_IN_ROW` in a row.
 fn stop_blocks(
     agent: &str,
     state: &mut HookState,
     text: &mut Composer,
     owes: &[&Request],
-    unread_requests: Vec<String>,
     now: DateTime<Utc>,
 ) -> bool {
     let mut pending: Vec<String> = owes
         .iter()
         .filter(|r| matches!(r.state, State::Submitted | State::InputRequired))
         .map(|r| r.id.clone())
-        .chain(unread_requests)
         .collect();
     pending.sort();
     pending.dedup();
@@ -454,7 +458,7 @@ struct Composer {
 }
 
 /// Room kept for the header and the footer's counts.
-const RESERVE: usize = 400;
+const RESERVE: usize = 500;
 
 impl Composer {
     fn new(max: usize, agent: &str) -> Composer {
@@ -551,7 +555,8 @@ impl Composer {
             reason.push_str(&line);
         }
         let mut lines = reason.lines();
-        let mut head = String::new();
+        // The first line says why the stop is blocked: it is always there.
+        let mut head = format!("{}\n", lines.next().unwrap_or_default());
         for line in lines.by_ref() {
             if head.chars().count() + line.chars().count() + 1 > self.room() {
                 head.push_str("- and more: run `doorbell debts`\n");
@@ -615,12 +620,23 @@ impl Composer {
             if self.messages > 0 || room < 300 {
                 return false;
             }
-            let keep = room.saturating_sub(200);
-            let mut cut_text: String = shown.chars().take(keep).collect();
-            let _ = write!(cut_text, " … (more: `doorbell show {}`)", envelope.id);
-            framed = format!("{}\n", framed.lines().next().unwrap_or_default());
-            frame_lines(&cut_text, &mut framed);
-            let _ = writeln!(framed, "[doorbell {} end]", self.nonce);
+            // Cut to what fits once escaped and framed (an escape takes several characters).
+            let head = framed.lines().next().unwrap_or_default().to_owned();
+            let mut keep = room.saturating_sub(200);
+            loop {
+                let mut cut_text: String = shown.chars().take(keep).collect();
+                let _ = write!(cut_text, " … (more: `doorbell show {}`)", envelope.id);
+                framed = format!("{head}\n");
+                frame_lines(&cut_text, &mut framed);
+                let _ = writeln!(framed, "[doorbell {} end]", self.nonce);
+                if framed.chars().count() <= room || keep == 0 {
+                    break;
+                }
+                keep /= 2;
+            }
+            if framed.chars().count() > room {
+                return false;
+            }
         }
         self.body.push_str(&framed);
         self.messages += 1;

@@ -51,7 +51,10 @@ pub fn parse_time(text: &str, now: DateTime<Utc>) -> anyhow::Result<String> {
         .map_err(|e| refused(format!("--reply-by: {e}; or give an RFC 3339 time")))?;
     let after = chrono::Duration::from_std(after)
         .map_err(|_| refused(format!("--reply-by '{text}' is too far away")))?;
-    Ok((now + after).to_rfc3339_opts(SecondsFormat::Secs, true))
+    let at = now
+        .checked_add_signed(after)
+        .ok_or_else(|| refused(format!("--reply-by '{text}' is too far away")))?;
+    Ok(at.to_rfc3339_opts(SecondsFormat::Secs, true))
 }
 
 /// The message's text (from the argument or stdin) and its data part.

@@ -125,9 +125,9 @@ fn hooks(
     }
     if let Some(max) = max {
         // Claude Code swaps anything over 10,000 characters for a file path.
-        if !(500..=9_000).contains(&max) {
+        if !(1_500..=9_000).contains(&max) {
             return Err(format!(
-                "key 'hook_max_chars': {max} must be between 500 and 9000 (harnesses hide longer hook output)"
+                "key 'hook_max_chars': {max} must be between 1500 and 9000 (room for a framed message; harnesses hide longer hook output)"
             ));
         }
         config.hook_max_chars = max;
