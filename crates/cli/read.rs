@@ -129,7 +129,6 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
     let _reading = (!args.peek)
         .then(|| cursor::reading(&bridge, &args.agent))
         .transpose()?;
-    cursor::tidy(&bridge, &args.agent)?;
     let inbox = open_inbox(&path, false)?;
     let meta = inbox.metadata().context("stat inbox")?;
     let position = cursor::load(&bridge, &args.agent, &inbox)?;

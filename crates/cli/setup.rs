@@ -87,13 +87,7 @@ impl Plan {
 
     /// Add our hooks to a settings document's `hooks`; whether anything changed.
     fn merge_hooks(&self, doc: &mut Value) -> anyhow::Result<bool> {
-        let Some(root) = doc.as_object_mut() else {
-            bail!("the file holds JSON that is not an object");
-        };
-        let hooks = root.entry("hooks").or_insert_with(|| json!({}));
-        let Some(hooks) = hooks.as_object_mut() else {
-            bail!("its \"hooks\" is not an object");
-        };
+        let hooks = object_at(doc, "hooks")?;
         let mut changed = false;
         for (event, matcher) in events(self.harness) {
             let command = self.hook_command(event);
@@ -134,13 +128,7 @@ impl Plan {
 
     /// Add the MCP server to a document's `mcpServers`, unless one named doorbell is there.
     fn merge_mcp_json(&self, doc: &mut Value) -> anyhow::Result<bool> {
-        let Some(root) = doc.as_object_mut() else {
-            bail!("the file holds JSON that is not an object");
-        };
-        let servers = root.entry("mcpServers").or_insert_with(|| json!({}));
-        let Some(servers) = servers.as_object_mut() else {
-            bail!("its \"mcpServers\" is not an object");
-        };
+        let servers = object_at(doc, "mcpServers")?;
         if servers.contains_key("doorbell") {
             return Ok(false);
         }
@@ -159,6 +147,17 @@ impl Plan {
             quote(&self.program),
             args.join(", ")
         )
+    }
+}
+
+/// The object under `key` of a settings document (made when missing).
+fn object_at<'a>(doc: &'a mut Value, key: &str) -> anyhow::Result<&'a mut Map<String, Value>> {
+    let Some(root) = doc.as_object_mut() else {
+        bail!("the file holds JSON that is not an object");
+    };
+    match root.entry(key).or_insert_with(|| json!({})).as_object_mut() {
+        Some(object) => Ok(object),
+        None => bail!("its \"{key}\" is not an object"),
     }
 }
 

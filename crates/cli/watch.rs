@@ -39,7 +39,6 @@ pub fn follow(
 ) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let path = bridge.require_inbox(agent)?;
-    cursor::tidy(&bridge, agent)?;
     let events = Events::new(&bridge)?;
     let mut inbox = open_inbox(&path, false)?;
     let position = cursor::load(&bridge, agent, &inbox)?;

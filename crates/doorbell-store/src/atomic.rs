@@ -18,19 +18,19 @@ fn temp_path(path: &Path) -> std::path::PathBuf {
     path.with_file_name(format!(".{name}.tmp.{}", std::process::id()))
 }
 
-/// Remove the temp files of `path` that processes no longer running left behind (a process
-/// killed between writing one and renaming it).
-pub fn remove_stale_temps(path: &Path) {
-    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-        return;
-    };
-    let prefix = format!(".{}.tmp.", name.to_string_lossy());
+/// Remove from `dir` the temp files (`.NAME.tmp.PID`) that processes no longer running left
+/// behind: killed between writing one and renaming it.
+pub fn remove_stale_temps(dir: &Path) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
     };
     for entry in entries.flatten() {
         let file_name = entry.file_name();
-        let Some(pid) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+        let Some(pid) = file_name
+            .to_str()
+            .filter(|n| n.starts_with('.'))
+            .and_then(|n| n.rsplit_once(".tmp.").map(|(_, pid)| pid))
+        else {
             continue;
         };
         let dead = pid.parse::<u32>().is_ok_and(|pid| {

@@ -101,13 +101,6 @@ fn validate(saved: Option<CursorFile>, inbox: &File) -> Result<Position> {
     })
 }
 
-/// Remove what a reader of `agent` killed mid-write left (its cursor's temp file): `read`
-/// and `watch` call this as they start.
-pub fn tidy(bridge: &Bridge, agent: &str) -> Result<()> {
-    crate::atomic::remove_stale_temps(&bridge.cursor_path(agent)?);
-    Ok(())
-}
-
 /// Where `agent` resumes reading `inbox`.
 pub fn load(bridge: &Bridge, agent: &str, inbox: &File) -> Result<Position> {
     let path = bridge.cursor_path(agent)?;

@@ -220,6 +220,9 @@ pub struct Judge {
 impl Judge {
     /// Become the judge: load the checkpoint, replay the journal's tail, open it for appending.
     pub fn open(bridge: Bridge, lock: BridgeLock) -> Result<Judge> {
+        // What a killed process left half-written (a reader's cursor, a board) goes, once
+        // per judge rather than on every read.
+        crate::atomic::remove_stale_temps(bridge.dir());
         let journal_path = journal_path(&bridge);
         let Loaded {
             snapshot,
