@@ -277,3 +277,164 @@ fn a_process_holding_an_inbox_lock_stops_neither_the_judge_nor_a_sender_for_good
         .count();
     assert_eq!(notices, 1, "the refusal notice, written once");
 }
+
+/// Every id in `name`'s inbox with how often it appears.
+fn id_counts(bridge: &Bridge, name: &str) -> std::collections::BTreeMap<String, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for bytes in bridge.lines(name) {
+        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+            if let Some(id) = value["id"].as_str() {
+                *counts.entry(id.to_owned()).or_insert(0) += 1;
+            }
+        }
+    }
+    counts
+}
+
+/// A bridge whose judge has rung, escalated, refused a line and told its sender, then
+/// stopped; the config's path.
+fn rung_and_stopped(bridge: &Bridge) -> String {
+    let config = bridge.tmp.path().join("doorbell.toml");
+    std::fs::write(
+        &config,
+        "[debts]\nring_after = \"1s\"\nbackoff = 1.0\nmax_rings = 1\nstalled_after = \"1s\"\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    bridge
+        .doorbell(&[
+            "send", "--to", "web", "--from", "design", "--kind", "request", "--id", "01HQREQ1",
+            "the ETA?",
+        ])
+        .ok();
+    bridge.send("web", "design", "an early note");
+    bridge.append_raw(
+        "web",
+        format!("{}\n", line("01BADTO", "design", "nobody", "note", "")).as_bytes(),
+    );
+    let daemon = crate::util::Daemon::start(bridge, &["--config", &config]);
+    bridge.wait_for(
+        std::time::Duration::from_secs(20),
+        "a ring and an escalation, judged",
+        |b| {
+            let journal = std::fs::read_to_string(b.dir().join(".doorbell/journal.jsonl"))
+                .unwrap_or_default();
+            journal
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .any(|r| {
+                    r["v"] == "a"
+                        && r["a"]["id"]
+                            .as_str()
+                            .is_some_and(|id| id.starts_with("escalation:"))
+                })
+        },
+    );
+    daemon.kill();
+    config
+}
+
+/// Every id in the inboxes, with how often it appears.
+fn everything_once(bridge: &Bridge) -> Vec<(String, String, usize)> {
+    let mut out = Vec::new();
+    for name in ["web", "design", "human"] {
+        for (id, n) in id_counts(bridge, name) {
+            out.push((name.to_owned(), id, n));
+        }
+    }
+    out
+}
+
+/// The last verdict the journal holds for each line, by (inbox, offset).
+fn last_verdicts(
+    bridge: &Bridge,
+) -> std::collections::BTreeMap<(String, u64), (String, Option<String>)> {
+    bridge
+        .verdicts()
+        .into_iter()
+        .map(|(inbox, offset, verdict, reason)| ((inbox, offset), (verdict, reason)))
+        .collect()
+}
+
+#[test]
+fn a_lost_or_damaged_journal_repeats_no_ring_notice_or_verdict() {
+    for damage in ["delete", "delete with the index", "truncate", "flip"] {
+        let bridge = Bridge::with_agents(&["web", "design", "human"]);
+        let config = rung_and_stopped(&bridge);
+        let before = everything_once(&bridge);
+        assert!(before.iter().all(|(_, _, n)| *n == 1), "{before:?}");
+        let verdicts = last_verdicts(&bridge);
+        let state = bridge.dir().join(".doorbell");
+        let journal = state.join("journal.jsonl");
+        let bytes = std::fs::read(&journal).unwrap();
+        let mut flipped = bytes.clone();
+        match damage {
+            "delete" => std::fs::remove_file(&journal).unwrap(),
+            "delete with the index" => {
+                std::fs::remove_file(&journal).unwrap();
+                for file in ["index.db", "index.db-wal", "index.db-shm"] {
+                    let _ = std::fs::remove_file(state.join(file));
+                }
+            }
+            "truncate" => std::fs::write(&journal, &bytes[..bytes.len() / 3]).unwrap(),
+            _ => {
+                // One bit of a ring's id in its intent: still valid JSON, a wrong id.
+                let at = flipped.windows(5).position(|w| w == b"ring:").unwrap() + 7;
+                flipped[at] ^= 1;
+                std::fs::write(&journal, &flipped).unwrap();
+            }
+        }
+        let once = bridge.doorbell(&["daemon", "--once", "--config", &config]);
+        assert_eq!(once.code, 0, "{damage}: {once:?}");
+        // Nothing written twice: every ring, escalation, notice and message once.
+        assert_eq!(
+            everything_once(&bridge),
+            before,
+            "{damage}: {}",
+            once.stderr
+        );
+        // Every line has the verdict it had; the judge's own lines are not `borrowed-name`.
+        assert_eq!(
+            last_verdicts(&bridge),
+            verdicts,
+            "{damage}: {}",
+            once.stderr
+        );
+        // What it found and what it did, said once.
+        let said = once
+            .stderr
+            .lines()
+            .filter(|l| l.contains("ERROR") || l.contains("WARN"))
+            .filter(|l| !l.contains("cutting a torn record"))
+            .count();
+        let expected = usize::from(damage != "delete with the index");
+        assert_eq!(said, expected, "{damage}: {}", once.stderr);
+        if damage == "flip" {
+            let kept: Vec<_> = std::fs::read_dir(&state)
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with("journal.damaged-")
+                })
+                .collect();
+            assert_eq!(kept.len(), 1, "the damaged part is kept");
+            let kept = std::fs::read(kept[0].path()).unwrap();
+            assert!(
+                !kept.is_empty() && flipped.ends_with(&kept),
+                "the kept part is the journal's tail, from the damaged record"
+            );
+        }
+        // And the bridge goes on: the request is still owed, and a new one is judged.
+        let debts = bridge.doorbell(&["debts", "--json"]).ok().to_owned();
+        assert!(debts.contains("01HQREQ1"), "{damage}: {debts}");
+        bridge.send("design", "web", "after the damage");
+        let read = bridge.read_json("web", &[]);
+        assert_eq!(
+            read.last().unwrap()["envelope"]["message"]["parts"][0]["text"],
+            "after the damage",
+            "{damage}"
+        );
+    }
+}

@@ -33,14 +33,21 @@ pub enum Error {
     Locked { dir: PathBuf, holder: String },
     #[error("config {path}: {message}")]
     Config { path: PathBuf, message: String },
-    #[error("journal {path} line {line}: {message} (the judge's journal is damaged, so the judge stops rather than judge over it; keep the folder as it is: moving the journal aside would judge every line again and repeat rings and notices; restore .doorbell/ from a backup, see docs/RELIABILITY.md)")]
+    #[error("journal {path} line {line} (byte {offset}): {message} (the judge cuts the journal there when it starts, keeping the damaged part beside it, and judges again from the inboxes what the journal no longer says; see docs/RELIABILITY.md)")]
     CorruptJournal {
         path: PathBuf,
         line: u64,
+        offset: u64,
         message: String,
     },
     #[error("index {path} is damaged: {message} (the judge rebuilds it from the journal when it starts)")]
     Index { path: PathBuf, message: String },
+    #[error("index {path} covers {index_len} bytes of the journal, which has {journal_len} (the judge rebuilds the index from the journal when it starts)")]
+    JournalBehindIndex {
+        path: PathBuf,
+        index_len: u64,
+        journal_len: u64,
+    },
     #[error("index {path}: {message}")]
     IndexWrite { path: PathBuf, message: String },
     /// Input a sender gave that the rules refuse (exit 2).

@@ -642,13 +642,21 @@ impl Snapshot {
     ) -> Result<Snapshot> {
         let start = snapshot.journal_len;
         let mut number = 0u64;
+        // Records from before checksums were written have none; after the first that has
+        // one, a record without is damaged.
+        let mut summed = false;
         let end = LineReader::new(1 << 26).read(file, start, |line| {
             number += 1;
             let Line::Complete { bytes, offset } = line else {
-                return Err(corrupt(path, number, "record too long".into()));
+                return Err(corrupt(
+                    path,
+                    number,
+                    line.offset(),
+                    "record too long".into(),
+                ));
             };
-            let record: Record =
-                serde_json::from_slice(bytes).map_err(|e| corrupt(path, number, e.to_string()))?;
+            let record = parse_record(bytes, &mut summed)
+                .map_err(|message| corrupt(path, number, offset, message))?;
             seen(&record);
             snapshot.apply(record);
             snapshot.journal_len = offset + bytes.len() as u64 + 1;
@@ -666,12 +674,67 @@ impl Snapshot {
 /// a batch, never the history.
 pub(crate) const REPLAY_BATCH: usize = 20_000;
 
-fn corrupt(path: &Path, line: u64, message: String) -> Error {
+fn corrupt(path: &Path, line: u64, offset: u64, message: String) -> Error {
     Error::CorruptJournal {
         path: path.to_path_buf(),
         line,
+        offset,
         message,
     }
+}
+
+/// Every record ends with its checksum, `,"k":"<8 hex>"}`, over the bytes before that field:
+/// a flipped byte, a record cut short or two records run together are found, never half read.
+const SUM_FIELD: &[u8] = b",\"k\":\"";
+const SUM_TAIL: usize = SUM_FIELD.len() + 8 + 2;
+
+#[allow(clippy::cast_possible_truncation)] // 32 bits of the hash are the checksum
+fn sum_of(body: &[u8]) -> u32 {
+    xxhash_rust::xxh3::xxh3_64(body) as u32
+}
+
+fn hex8(sum: u32) -> [u8; 8] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 8];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = DIGITS[((sum >> (28 - 4 * i)) & 0xf) as usize];
+    }
+    out
+}
+
+/// End the serialised record in `out` (one JSON object) with its checksum.
+fn add_checksum(out: &mut Vec<u8>) {
+    debug_assert_eq!(out.last(), Some(&b'}'));
+    out.pop();
+    let sum = sum_of(out);
+    out.extend_from_slice(SUM_FIELD);
+    out.extend_from_slice(&hex8(sum));
+    out.extend_from_slice(b"\"}");
+}
+
+/// One journal line as a record, its checksum checked. `summed`: whether a record of this
+/// file already had one.
+pub(crate) fn parse_record(bytes: &[u8], summed: &mut bool) -> std::result::Result<Record, String> {
+    let tail = bytes
+        .len()
+        .checked_sub(SUM_TAIL)
+        .filter(|&at| bytes[at..].starts_with(SUM_FIELD) && bytes.ends_with(b"\"}"));
+    match tail {
+        Some(at) => {
+            let hex = &bytes[at + SUM_FIELD.len()..bytes.len() - 2];
+            if hex != hex8(sum_of(&bytes[..at])) {
+                return Err("its checksum does not match: the record is damaged".into());
+            }
+            *summed = true;
+        }
+        None if *summed => {
+            return Err(
+                "it has no checksum, after records that have one: the record is damaged".into(),
+            );
+        }
+        None => {}
+    }
+    serde_json::from_slice(bytes).map_err(|e| e.to_string())
 }
 
 impl From<std::io::Error> for Error {
@@ -769,6 +832,7 @@ impl JournalWriter {
             serde_json::to_writer(&mut scratch, record)
                 .map_err(|e| Error::io("write journal", &self.path)(e.into()))?;
         }
+        add_checksum(&mut scratch);
         scratch.push(b'\n');
         let written = self.out()?.write_all(&scratch);
         let len = scratch.len() as u64;
@@ -827,6 +891,8 @@ pub struct JournalFollower {
     file: Option<File>,
     pos: u64,
     reader: LineReader,
+    /// Whether a record read had a checksum (see [`parse_record`]).
+    summed: bool,
 }
 
 impl JournalFollower {
@@ -838,6 +904,7 @@ impl JournalFollower {
             file: None,
             pos,
             reader: LineReader::new(1 << 26),
+            summed: false,
         }
     }
 
@@ -853,10 +920,11 @@ impl JournalFollower {
             }
             let file = self.file.as_ref().expect("opened just now");
             let path = &self.path;
+            let summed = &mut self.summed;
             self.pos = self.reader.read(file, self.pos, |line| -> Result<()> {
-                if let Line::Complete { bytes, .. } = line {
-                    let record: Record = serde_json::from_slice(bytes)
-                        .map_err(|e| corrupt(path, 0, e.to_string()))?;
+                if let Line::Complete { bytes, offset } = line {
+                    let record = parse_record(bytes, summed)
+                        .map_err(|message| corrupt(path, 0, offset, message))?;
                     each(record);
                 }
                 Ok(())

@@ -215,6 +215,8 @@ pub struct Judge {
     doubles: BTreeSet<String>,
     /// Inboxes whose lock another process held when a notice was due: warned of once.
     locked_inboxes: BTreeSet<String>,
+    /// What seals the judge's own lines, so a rebuild knows them without the journal.
+    seal: crate::seal::Seal,
 }
 
 impl Judge {
@@ -233,7 +235,9 @@ impl Judge {
         let limits = Limits {
             max_line_bytes: bridge.max_line_bytes(),
         };
+        let seal = crate::seal::Seal::open(&bridge.state_dir()?)?;
         Ok(Judge {
+            seal,
             reader: LineReader::new(limits.max_line_bytes),
             registry: bridge.registry()?,
             inbox_names: bridge.inboxes()?.into_iter().collect(),
@@ -512,7 +516,7 @@ impl Judge {
                 let mut record =
                     Record::new(&notice.to, 0, 0, Word::Intent, now.timestamp_millis());
                 record.id = Some(notice.id.clone());
-                record.write = Some(notice.line.clone());
+                record.write = Some(self.seal.seal(&notice.line));
                 record.covers = chunk.iter().map(RefusedLine::key).collect();
                 self.journal.append(&record)?;
                 self.snapshot.apply(record);
@@ -640,7 +644,7 @@ impl Judge {
             };
             let mut record = Record::new(&notice.to, 0, 0, Word::Intent, now.timestamp_millis());
             record.id = Some(notice.id);
-            record.write = Some(notice.line);
+            record.write = Some(self.seal.seal(&notice.line));
             record.ring = Some(RingRef {
                 request: id,
                 epoch: request.epoch,
@@ -667,7 +671,7 @@ impl Judge {
             let line = crate::reports::note_line(&id, &human, &date, &path, &summary, now);
             let mut record = Record::new(&human, 0, 0, Word::Intent, now.timestamp_millis());
             record.id = Some(id);
-            record.write = Some(line);
+            record.write = Some(self.seal.seal(&line));
             self.journal.append(&record)?;
             self.snapshot.apply(record);
         }
@@ -1207,14 +1211,23 @@ impl Judge {
         stats: &mut CatchUp,
     ) -> Result<()> {
         // The judge's own line: an id it journaled and, while its intent is open, exactly the
-        // line it means to write, in the inbox it means. Anyone can predict a reserved id; a
-        // copy elsewhere or with other words must not pass for the bridge's line, close the
-        // intent and stop the real one.
+        // line it means to write, in the inbox it means; or a line under its seal (one the
+        // journal lost). Anyone can predict a reserved id; a copy elsewhere or with other
+        // words must not pass for the bridge's line, close the intent and stop the real one.
         let snapshot = &self.snapshot;
         let intents = &self.snapshot.intents;
+        let seal = &self.seal;
+        let sealed = std::cell::Cell::new(false);
         let own = |id: &str| match intents.get(id) {
-            Some(intent) => intent.inbox == name && intent.line.as_bytes() == bytes,
-            None => snapshot.is_own(id),
+            Some(intent) => {
+                intent.inbox == name && (intent.line.as_bytes() == bytes || seal.verifies(bytes))
+            }
+            None if snapshot.is_own(id) => true,
+            None => {
+                let verified = seal.verifies(bytes);
+                sealed.set(verified);
+                verified
+            }
         };
         let (verdict, envelope) = judge_line(
             bytes,
@@ -1257,6 +1270,9 @@ impl Judge {
                 );
                 return Ok(());
             }
+        }
+        if let (true, Verdict::Accepted, Some(envelope)) = (sealed.get(), &verdict, &envelope) {
+            self.recognise_own(name, bytes, envelope, now)?;
         }
         let accepted = match (&verdict, &envelope) {
             (Verdict::Accepted, Some(envelope)) => {
@@ -1314,6 +1330,44 @@ impl Judge {
                 )?;
             }
         }
+        Ok(())
+    }
+
+    /// A line of the judge's own that the journal does not know (it was lost or damaged):
+    /// journal the intent it was written for, so the ledger counts its ring and nothing
+    /// writes it again. The intent is dated when the line was written.
+    fn recognise_own(
+        &mut self,
+        name: &str,
+        bytes: &[u8],
+        envelope: &doorbell_core::Envelope<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let id: &str = &envelope.id;
+        // When it was written, as it says (never later than now).
+        let at = envelope.created_at.min(now);
+        let mut record = Record::new(name, 0, 0, Word::Intent, at.timestamp_millis());
+        record.id = Some(id.to_owned());
+        record.write = Some(String::from_utf8_lossy(bytes).into_owned());
+        let request = envelope.correlates_to.as_deref().unwrap_or_default();
+        let parts: Vec<&str> = id.split(':').collect();
+        record.ring = match parts.as_slice() {
+            ["ring", _, epoch, n] => epoch.parse().ok().zip(n.parse().ok()),
+            ["escalation", _, epoch] => epoch.parse().ok().map(|e| (e, 0)),
+            _ => None,
+        }
+        .map(|(epoch, ring)| RingRef {
+            request: request.to_owned(),
+            epoch,
+            ring,
+        });
+        tracing::info!(
+            inbox = name,
+            id,
+            "a line of the judge's own that the journal lost: known by its seal, not written again"
+        );
+        self.journal.append(&record)?;
+        self.snapshot.apply(record);
         Ok(())
     }
 
@@ -1441,15 +1495,76 @@ struct Loaded {
 /// onto it (the whole journal for a new or rebuilt index, saved as it goes so memory holds a
 /// batch), the journal opened for appending (a torn last record cut off) and the refused log
 /// (with what it missed of the tail written now).
+///
+/// A damaged record in the live journal (its checksum, its JSON) cuts the journal there: the
+/// damaged part is kept beside it, and what it no longer says is judged again from the
+/// inboxes, where the judge knows its own lines by their seal.
 fn load(bridge: &Bridge, journal_path: &std::path::Path) -> Result<Loaded> {
-    match load_from_index(bridge, journal_path, false) {
-        Err(Error::Index { path, message }) => {
-            tracing::error!(path = %path.display(), %message, "the index cannot be used: rebuilding it from the journal (no line is judged again)");
-            crate::checkpoint::discard(&path)?;
-            load_from_index(bridge, journal_path, true)
+    let mut rebuilding = false;
+    loop {
+        match load_from_index(bridge, journal_path, rebuilding) {
+            Err(Error::Index { path, message }) if !rebuilding => {
+                tracing::error!(path = %path.display(), %message, "the index cannot be used: rebuilding it from the journal (no line is judged again)");
+                crate::checkpoint::discard(&path)?;
+                rebuilding = true;
+            }
+            Err(Error::JournalBehindIndex {
+                path,
+                index_len,
+                journal_len,
+            }) if !rebuilding => {
+                tracing::error!(index = %path.display(), index_covers = index_len, journal_has = journal_len, "the journal is shorter than the index says (cut, lost or restored from an older backup): rebuilding the index from what the journal still has; the lines it no longer judges are judged again from the inboxes, and the judge's own lines are known by their seal, so no ring or notice is written twice");
+                crate::checkpoint::discard(&path)?;
+                rebuilding = true;
+            }
+            Err(Error::CorruptJournal {
+                path,
+                line,
+                offset,
+                message,
+            }) if path == journal_path => cut_damaged(journal_path, line, offset, &message)?,
+            other => return other,
         }
-        other => other,
     }
+}
+
+/// Keep the journal from `offset` on in a file beside it, then cut the journal there. Every
+/// cut shortens the journal, so loading again ends.
+fn cut_damaged(journal: &std::path::Path, line: u64, offset: u64, message: &str) -> Result<()> {
+    use std::io::{Seek, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt;
+    let aside = journal.with_file_name(format!(
+        "journal.damaged-{}.jsonl",
+        Utc::now().timestamp_millis()
+    ));
+    let mut input = File::open(journal).map_err(Error::io("open journal", journal))?;
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&aside)
+        .map_err(Error::io("keep damaged journal", &aside))?;
+    input
+        .seek(SeekFrom::Start(offset))
+        .and_then(|_| std::io::copy(&mut input, &mut out))
+        .and_then(|_| out.sync_all())
+        .map_err(Error::io("keep damaged journal", &aside))?;
+    let cut = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(journal)
+        .and_then(|f| f.set_len(offset).and_then(|()| f.sync_all()));
+    cut.map_err(Error::io("cut damaged journal", journal))?;
+    tracing::error!(
+        journal = %journal.display(),
+        record = line,
+        byte = offset,
+        problem = message,
+        kept = %aside.display(),
+        "the journal is damaged: cut at the damaged record, the rest kept beside it; what it no longer says is judged again from the inboxes, and the judge's own lines are known by their seal, so no ring or notice is written twice"
+    );
+    Ok(())
 }
 
 fn load_from_index(
@@ -1464,12 +1579,10 @@ fn load_from_index(
     finish_roll(&state, journal_path, snapshot.segment)?;
     let journal_size = std::fs::metadata(journal_path).map_or(0, |m| m.len());
     if snapshot.journal_len > journal_size {
-        return Err(Error::Index {
+        return Err(Error::JournalBehindIndex {
             path: index_path,
-            message: format!(
-                "it is ahead of the journal: it covers {} bytes, the journal has {journal_size}",
-                snapshot.journal_len
-            ),
+            index_len: snapshot.journal_len,
+            journal_len: journal_size,
         });
     }
     let tail_from = snapshot.journal_len;

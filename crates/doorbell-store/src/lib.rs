@@ -26,6 +26,7 @@ pub mod lock;
 pub mod reader;
 pub mod refused;
 pub mod reports;
+pub mod seal;
 pub mod segments;
 pub mod send;
 pub mod view;
