@@ -356,6 +356,22 @@ fn last_verdicts(
         .collect()
 }
 
+/// The refused log's entries, as (inbox, generation, offset), in order.
+fn refused_log(bridge: &Bridge) -> Vec<(String, u64, u64)> {
+    std::fs::read_to_string(bridge.dir().join(".doorbell/refused.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let r: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                r["inbox"].as_str().unwrap().to_owned(),
+                r["generation"].as_u64().unwrap(),
+                r["offset"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn a_lost_or_damaged_journal_repeats_no_ring_notice_or_verdict() {
     for damage in ["delete", "delete with the index", "truncate", "flip"] {
@@ -364,6 +380,7 @@ fn a_lost_or_damaged_journal_repeats_no_ring_notice_or_verdict() {
         let before = everything_once(&bridge);
         assert!(before.iter().all(|(_, _, n)| *n == 1), "{before:?}");
         let verdicts = last_verdicts(&bridge);
+        let refusals = refused_log(&bridge);
         let state = bridge.dir().join(".doorbell");
         let journal = state.join("journal.jsonl");
         let bytes = std::fs::read(&journal).unwrap();
@@ -399,6 +416,11 @@ fn a_lost_or_damaged_journal_repeats_no_ring_notice_or_verdict() {
             verdicts,
             "{damage}: {}",
             once.stderr
+        );
+        assert_eq!(
+            refused_log(&bridge),
+            refusals,
+            "{damage}: each refusal logged once"
         );
         // What it found and what it did, said once.
         let said = once
@@ -437,4 +459,50 @@ fn a_lost_or_damaged_journal_repeats_no_ring_notice_or_verdict() {
             "{damage}"
         );
     }
+}
+
+#[test]
+fn a_damaged_index_row_is_found_by_its_checksum_and_the_index_rebuilt() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let id = bridge.send("design", "web", "where the row points");
+    let id = id.trim();
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    // One value of one row changed, as a flipped byte would: the row still reads.
+    let index = bridge.dir().join(".doorbell/index.db");
+    let script = format!(
+        "import sqlite3; c = sqlite3.connect({:?}); c.execute(\"UPDATE messages SET offset = offset + 7 WHERE id = '{id}'\"); c.commit()",
+        index.to_str().unwrap()
+    );
+    let status = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // The reader that finds it says so, and shows nothing wrong.
+    let found = bridge.doorbell(&["show", id]);
+    assert_ne!(
+        found.code, 0,
+        "a damaged row was taken for a fact: {found:?}"
+    );
+    assert!(
+        found.stderr.contains("checksum does not match"),
+        "{}",
+        found.stderr
+    );
+    // The next command's judge rebuilds the index from the journal; all is as before.
+    let shown = bridge.doorbell(&["show", id]);
+    assert_eq!(shown.code, 0, "{shown:?}");
+    assert!(
+        shown.stderr.contains("rebuilding it from the journal"),
+        "{}",
+        shown.stderr
+    );
+    assert!(
+        shown.stdout.contains("where the row points"),
+        "{}",
+        shown.stdout
+    );
+    let read = bridge.read_json("web", &[]);
+    assert_eq!(read.len(), 1);
+    assert_eq!(read[0]["envelope"]["id"], id);
 }

@@ -37,7 +37,8 @@ pub fn open_index(index: &Path) -> Result<(IndexWriter, bool)> {
 
 /// Remove the index's files, so that a new one is built.
 pub fn discard(index: &Path) -> Result<()> {
-    for file in index_files(index) {
+    let mark = crate::index::damage_mark(index);
+    for file in index_files(index).into_iter().chain([mark]) {
         match std::fs::remove_file(&file) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -30,10 +30,10 @@ pub const INDEX_FILE: &str = "index.db";
 /// Messages sent, by sender and kind.
 pub type Sent = HashMap<(String, Kind), u64>;
 /// Bumped whenever the tables change: an index of another version is rebuilt.
-const VERSION: i64 = 3;
+const VERSION: i64 = 4;
 
 const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value, sum INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS messages(
     id TEXT PRIMARY KEY,
     inbox TEXT NOT NULL,
@@ -46,7 +46,8 @@ CREATE TABLE IF NOT EXISTS messages(
     correlates_to TEXT,
     context_id TEXT NOT NULL,
     state TEXT,
-    fingerprint INTEGER NOT NULL
+    fingerprint INTEGER NOT NULL,
+    sum INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS messages_by_thread ON messages(context_id);
 CREATE INDEX IF NOT EXISTS messages_by_time ON messages(seen_at);
@@ -61,6 +62,7 @@ CREATE TABLE IF NOT EXISTS others(
     sender TEXT,
     reason TEXT,
     detail TEXT,
+    sum INTEGER NOT NULL,
     PRIMARY KEY(inbox, gen, offset)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS others_by_id ON others(id) WHERE id IS NOT NULL;
@@ -72,16 +74,17 @@ CREATE TABLE IF NOT EXISTS requests(
     closed_at INTEGER,
     addressee TEXT NOT NULL,
     requester TEXT NOT NULL,
-    data TEXT NOT NULL
+    data TEXT NOT NULL,
+    sum INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS requests_open ON requests(due_at) WHERE open;
 CREATE INDEX IF NOT EXISTS requests_open_to ON requests(addressee) WHERE open;
 CREATE INDEX IF NOT EXISTS requests_open_from ON requests(requester) WHERE open;
 CREATE INDEX IF NOT EXISTS requests_closed ON requests(closed_at) WHERE closed_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS own(id TEXT PRIMARY KEY) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS inboxes(name TEXT PRIMARY KEY, data TEXT NOT NULL) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS intents(id TEXT PRIMARY KEY, inbox TEXT NOT NULL, line TEXT NOT NULL) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS untold(key TEXT PRIMARY KEY, data TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS inboxes(name TEXT PRIMARY KEY, data TEXT NOT NULL, sum INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS intents(id TEXT PRIMARY KEY, inbox TEXT NOT NULL, line TEXT NOT NULL, sum INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS untold(key TEXT PRIMARY KEY, data TEXT NOT NULL, sum INTEGER NOT NULL) WITHOUT ROWID;
 ";
 
 /// An accepted line, as the index keeps it.
@@ -197,6 +200,9 @@ pub struct OpenState {
 fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> Error + '_ {
     move |e| {
         if is_damage(&e) {
+            if is_damaged_file(&e) {
+                mark_damaged(path);
+            }
             Error::Index {
                 path: path.to_path_buf(),
                 message: e.to_string(),
@@ -207,6 +213,40 @@ fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> Error + '_ {
                 message: e.to_string(),
             }
         }
+    }
+}
+
+/// The mark a reader leaves when it finds the index damaged (a checksum that does not
+/// match, a corrupt page): the next judge to open rebuilds the index from the journal.
+#[must_use]
+pub fn damage_mark(index: &Path) -> PathBuf {
+    index.with_extension("damaged")
+}
+
+fn mark_damaged(index: &Path) {
+    let mark = damage_mark(index);
+    let made = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&mark);
+    if let Err(error) = made {
+        tracing::warn!(mark = %mark.display(), %error, "could not mark the index damaged");
+    }
+}
+
+/// Damage in the file itself, not a table this version does not know (which a new index
+/// being made shows for a moment).
+fn is_damaged_file(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
+    match e {
+        rusqlite::Error::SqliteFailure(failure, _) => {
+            matches!(failure.code, DatabaseCorrupt | NotADatabase)
+        }
+        rusqlite::Error::FromSqlConversionFailure(..) => true,
+        _ => false,
     }
 }
 
@@ -228,6 +268,153 @@ fn is_damage(e: &rusqlite::Error) -> bool {
         || ["no such table", "no such column", "has no column named"]
             .iter()
             .any(|t| text.contains(t))
+}
+
+/// A row's checksum: its values in order, each self-delimiting, hashed. Written with every
+/// row and checked whenever a row is read, so a flipped byte in the index is found (and the
+/// index rebuilt from the journal), never taken for a fact.
+#[derive(Default)]
+struct RowSum(Vec<u8>);
+
+impl RowSum {
+    fn text(mut self, text: &str) -> RowSum {
+        self.0.extend_from_slice(&(text.len() as u64).to_le_bytes());
+        self.0.extend_from_slice(text.as_bytes());
+        self
+    }
+
+    fn maybe(self, text: Option<&str>) -> RowSum {
+        match text {
+            Some(text) => self.int(1).text(text),
+            None => self.int(0),
+        }
+    }
+
+    fn int(mut self, n: i64) -> RowSum {
+        self.0.extend_from_slice(&n.to_le_bytes());
+        self
+    }
+
+    fn maybe_int(self, n: Option<i64>) -> RowSum {
+        match n {
+            Some(n) => self.int(1).int(n),
+            None => self.int(0),
+        }
+    }
+
+    /// The checksum, as `SQLite`'s signed integer holds it.
+    #[allow(clippy::cast_possible_wrap)]
+    fn sum(&self) -> i64 {
+        xxhash_rust::xxh3::xxh3_64(&self.0) as i64
+    }
+}
+
+/// `Ok` when a row's stored checksum (in `column`) is the one its values make.
+fn check_sum(column: usize, stored: i64, values: &RowSum) -> rusqlite::Result<()> {
+    if stored == values.sum() {
+        return Ok(());
+    }
+    Err(rusqlite::Error::FromSqlConversionFailure(
+        column,
+        rusqlite::types::Type::Integer,
+        "a row's checksum does not match its values: the index is damaged".into(),
+    ))
+}
+
+fn message_sum(m: &MessageRow) -> RowSum {
+    // The fingerprint's bits, as stored.
+    #[allow(clippy::cast_possible_wrap)]
+    let fingerprint = m.fingerprint as i64;
+    RowSum::default()
+        .text(&m.id)
+        .text(&m.inbox)
+        .int(i64::from(m.gen))
+        .int(to_sql(m.offset))
+        .int(to_sql(m.span))
+        .int(m.seen_at)
+        .text(&m.from)
+        .int(kind_code(m.kind))
+        .maybe(m.correlates_to.as_deref())
+        .text(&m.context_id)
+        .maybe(m.state.map(State::as_str))
+        .int(fingerprint)
+}
+
+fn other_sum(o: &OtherRow) -> RowSum {
+    RowSum::default()
+        .text(&o.inbox)
+        .int(i64::from(o.gen))
+        .int(to_sql(o.offset))
+        .int(to_sql(o.span))
+        .int(i64::from(o.duplicate))
+        .int(o.seen_at)
+        .maybe(o.id.as_deref())
+        .maybe(o.from.as_deref())
+        .maybe(o.reason.as_deref())
+        .maybe(o.detail.as_deref())
+}
+
+/// A request row's columns, as `requests_where` reads them.
+struct RequestColumns<'a> {
+    id: &'a str,
+    open: bool,
+    due_at: Option<i64>,
+    closed_at: Option<i64>,
+    addressee: &'a str,
+    requester: &'a str,
+    data: &'a str,
+}
+
+impl RequestColumns<'_> {
+    fn sum(&self) -> RowSum {
+        RowSum::default()
+            .text(self.id)
+            .int(i64::from(self.open))
+            .maybe_int(self.due_at)
+            .maybe_int(self.closed_at)
+            .text(self.addressee)
+            .text(self.requester)
+            .text(self.data)
+    }
+}
+
+/// What a request query selects, in the order `request_of_row` reads it.
+macro_rules! request_columns {
+    () => {
+        "id, open, due_at, closed_at, addressee, requester, data, sum"
+    };
+}
+
+/// A request row's data, its checksum checked.
+fn request_data(row: &rusqlite::Row<'_>) -> rusqlite::Result<String> {
+    let (id, addressee, requester, data): (String, String, String, String) =
+        (row.get(0)?, row.get(4)?, row.get(5)?, row.get(6)?);
+    let columns = RequestColumns {
+        id: &id,
+        open: row.get(1)?,
+        due_at: row.get(2)?,
+        closed_at: row.get(3)?,
+        addressee: &addressee,
+        requester: &requester,
+        data: &data,
+    };
+    check_sum(7, row.get(7)?, &columns.sum())?;
+    Ok(data)
+}
+
+/// A key and its text, as the two-column tables keep them.
+fn keyed_sum(key: &str, data: &str) -> RowSum {
+    RowSum::default().text(key).text(data)
+}
+
+/// A `meta` value: an integer or a text.
+fn meta_sum(key: &str, value: rusqlite::types::ValueRef<'_>) -> RowSum {
+    let sum = RowSum::default().text(key);
+    match value {
+        rusqlite::types::ValueRef::Integer(n) => sum.int(1).int(n),
+        rusqlite::types::ValueRef::Text(t) => sum.int(2).text(&String::from_utf8_lossy(t)),
+        _ => sum.int(0),
+    }
 }
 
 fn kind_code(kind: Kind) -> i64 {
@@ -345,6 +532,9 @@ impl Index {
         // The ledger cannot fail; a read that fails reads as "not there", and the judge
         // checks this flag before it journals anything decided since.
         tracing::error!(path = %self.path.display(), %error, "could not read the index");
+        if is_damaged_file(error) {
+            mark_damaged(&self.path);
+        }
         self.damaged
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
@@ -395,11 +585,13 @@ impl Index {
         let e = sql(&self.path);
         let mut state = OpenState::default();
         let mut meta = conn
-            .prepare_cached("SELECT key, value FROM meta")
+            .prepare_cached("SELECT key, value, sum FROM meta")
             .map_err(&e)?;
         let mut rows = meta.query([]).map_err(&e)?;
         while let Some(row) = rows.next().map_err(&e)? {
             let key: String = row.get(0).map_err(&e)?;
+            let value = row.get_ref(1).map_err(&e)?;
+            check_sum(2, row.get(2).map_err(&e)?, &meta_sum(&key, value)).map_err(&e)?;
             match key.as_str() {
                 "journal_len" => {
                     state.journal_len =
@@ -418,27 +610,27 @@ impl Index {
         }
         drop(rows);
         drop(meta);
-        state.inboxes = self.keyed(&conn, "SELECT name, data FROM inboxes")?;
+        state.inboxes = self.keyed(&conn, "SELECT name, data, sum FROM inboxes")?;
         let mut intents = conn
-            .prepare_cached("SELECT id, inbox, line FROM intents")
+            .prepare_cached("SELECT id, inbox, line, sum FROM intents")
             .map_err(&e)?;
         let mut rows = intents.query([]).map_err(&e)?;
         while let Some(row) = rows.next().map_err(&e)? {
-            state.intents.insert(
-                row.get(0).map_err(&e)?,
-                Intent {
-                    inbox: row.get(1).map_err(&e)?,
-                    line: row.get(2).map_err(&e)?,
-                },
-            );
+            let id: String = row.get(0).map_err(&e)?;
+            let intent = Intent {
+                inbox: row.get(1).map_err(&e)?,
+                line: row.get(2).map_err(&e)?,
+            };
+            check_sum(3, row.get(3).map_err(&e)?, &intent_sum(&id, &intent)).map_err(&e)?;
+            state.intents.insert(id, intent);
         }
         drop(rows);
         drop(intents);
-        state.untold = self.keyed(&conn, "SELECT key, data FROM untold")?;
+        state.untold = self.keyed(&conn, "SELECT key, data, sum FROM untold")?;
         Ok(state)
     }
 
-    /// The rows of a two-column query (a key, then JSON), decoded.
+    /// The rows of a query of a key, its JSON and their checksum, decoded.
     fn keyed<T: serde::de::DeserializeOwned>(
         &self,
         conn: &Connection,
@@ -451,6 +643,7 @@ impl Index {
         while let Some(row) = rows.next().map_err(&e)? {
             let key: String = row.get(0).map_err(&e)?;
             let data: String = row.get(1).map_err(&e)?;
+            check_sum(2, row.get(2).map_err(&e)?, &keyed_sum(&key, &data)).map_err(&e)?;
             out.insert(key, self.decode(&data)?);
         }
         Ok(out)
@@ -465,7 +658,10 @@ impl Index {
 
     /// Every open request as last saved.
     pub fn open_requests(&self) -> Result<Vec<Request>> {
-        self.requests_where("SELECT data FROM requests WHERE open", [])
+        self.requests_where(
+            concat!("SELECT ", request_columns!(), " FROM requests WHERE open"),
+            [],
+        )
     }
 
     /// The open requests of which `station` is a party: the addressee, or the requester (a
@@ -473,8 +669,12 @@ impl Index {
     pub fn open_requests_of(&self, station: &str) -> Result<Vec<Request>> {
         self.requests_where(
             // Two searches of the partial indexes (an OR would scan every open request).
-            "SELECT data FROM requests WHERE id IN (SELECT id FROM requests WHERE open AND \
-             addressee = ?1 UNION ALL SELECT id FROM requests WHERE open AND requester = ?1)",
+            concat!(
+                "SELECT ",
+                request_columns!(),
+                " FROM requests WHERE id IN (SELECT id FROM requests WHERE open AND \
+                 addressee = ?1 UNION ALL SELECT id FROM requests WHERE open AND requester = ?1)"
+            ),
             [station],
         )
     }
@@ -496,7 +696,11 @@ impl Index {
     /// the due times saved with them.
     pub fn due_by(&self, at: i64) -> Result<Vec<Request>> {
         self.requests_where(
-            "SELECT data FROM requests WHERE open AND due_at <= ?1",
+            concat!(
+                "SELECT ",
+                request_columns!(),
+                " FROM requests WHERE open AND due_at <= ?1"
+            ),
             [at],
         )
     }
@@ -512,7 +716,11 @@ impl Index {
     /// Requests closed at or after `since` (milliseconds).
     pub fn closed_since(&self, since: i64) -> Result<Vec<Request>> {
         self.requests_where(
-            "SELECT data FROM requests WHERE closed_at IS NOT NULL AND closed_at >= ?1",
+            concat!(
+                "SELECT ",
+                request_columns!(),
+                " FROM requests WHERE closed_at IS NOT NULL AND closed_at >= ?1"
+            ),
             [since],
         )
     }
@@ -524,7 +732,7 @@ impl Index {
         let mut rows = statement.query(args).map_err(&e)?;
         let mut out = Vec::new();
         while let Some(row) = rows.next().map_err(&e)? {
-            let data: String = row.get(0).map_err(&e)?;
+            let data = request_data(row).map_err(&e)?;
             out.push(self.decode(&data)?);
         }
         Ok(out)
@@ -544,7 +752,7 @@ impl Index {
         let mut statement = conn
             .prepare_cached(
                 "SELECT id, inbox, gen, offset, span, seen_at, sender, kind, correlates_to, \
-                 context_id, state, fingerprint FROM messages WHERE id = ?1",
+                 context_id, state, fingerprint, sum FROM messages WHERE id = ?1",
             )
             .map_err(sql(&self.path))?;
         statement
@@ -560,7 +768,7 @@ impl Index {
         let mut statement = conn
             .prepare_cached(
                 "SELECT id, inbox, gen, offset, span, seen_at, sender, kind, correlates_to, \
-                 context_id, state, fingerprint FROM messages WHERE context_id = ?1",
+                 context_id, state, fingerprint, sum FROM messages WHERE context_id = ?1",
             )
             .map_err(&e)?;
         let rows = statement.query_map([context], message_row).map_err(&e)?;
@@ -572,7 +780,7 @@ impl Index {
     /// Refused or duplicate lines that carried id `id`, oldest first.
     pub fn others_with_id(&self, id: &str) -> Result<Vec<OtherRow>> {
         self.others_where(
-            "SELECT inbox, gen, offset, span, verdict, seen_at, id, sender, reason, detail \
+            "SELECT inbox, gen, offset, span, verdict, seen_at, id, sender, reason, detail, sum \
              FROM others WHERE id = ?1 ORDER BY seen_at",
             params![id],
         )
@@ -582,7 +790,7 @@ impl Index {
     /// `to`.
     pub fn others_between(&self, inbox: &str, gen: u32, from: u64, to: u64) -> Result<Vec<u64>> {
         let rows = self.others_where(
-            "SELECT inbox, gen, offset, span, verdict, seen_at, id, sender, reason, detail \
+            "SELECT inbox, gen, offset, span, verdict, seen_at, id, sender, reason, detail, sum \
              FROM others WHERE inbox = ?1 AND gen = ?2 AND offset >= ?3 AND offset < ?4",
             params![inbox, gen, to_sql(from), to_sql(to)],
         )?;
@@ -644,7 +852,7 @@ fn from_sql(n: i64) -> u64 {
 }
 
 fn message_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRow> {
-    Ok(MessageRow {
+    let message = MessageRow {
         id: row.get(0)?,
         inbox: row.get(1)?,
         gen: row.get(2)?,
@@ -661,11 +869,13 @@ fn message_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRow> {
         // Stored as the signed 64-bit integer `SQLite` has; the bits are the fingerprint's.
         #[allow(clippy::cast_sign_loss)]
         fingerprint: row.get::<_, i64>(11)? as u64,
-    })
+    };
+    check_sum(12, row.get(12)?, &message_sum(&message))?;
+    Ok(message)
 }
 
 fn other_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OtherRow> {
-    Ok(OtherRow {
+    let other = OtherRow {
         inbox: row.get(0)?,
         gen: row.get(1)?,
         offset: from_sql(row.get(2)?),
@@ -676,7 +886,16 @@ fn other_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OtherRow> {
         from: row.get(7)?,
         reason: row.get(8)?,
         detail: row.get(9)?,
-    })
+    };
+    check_sum(10, row.get(10)?, &other_sum(&other))?;
+    Ok(other)
+}
+
+fn intent_sum(id: &str, intent: &Intent) -> RowSum {
+    RowSum::default()
+        .text(id)
+        .text(&intent.inbox)
+        .text(&intent.line)
 }
 
 /// The ledger's archive: claims and requests asked of the index by key.
@@ -688,12 +907,13 @@ impl Archive for IndexArchive {
         let index = &self.0;
         let found = index
             .lookup_conn()
-            .prepare_cached("SELECT fingerprint FROM messages WHERE id = ?1")
-            .and_then(|mut s| s.query_row([id], |r| r.get::<_, i64>(0)).optional());
+            .prepare_cached(
+                "SELECT id, inbox, gen, offset, span, seen_at, sender, kind, correlates_to, \
+                 context_id, state, fingerprint, sum FROM messages WHERE id = ?1",
+            )
+            .and_then(|mut s| s.query_row([id], message_row).optional());
         match found {
-            // The bits of the fingerprint, stored signed.
-            #[allow(clippy::cast_sign_loss)]
-            Ok(found) => found.map(|f| f as u64),
+            Ok(found) => found.map(|m| m.fingerprint),
             Err(error) => {
                 index.lookup_failed(&error);
                 None
@@ -705,8 +925,12 @@ impl Archive for IndexArchive {
         let index = &self.0;
         let found = index
             .lookup_conn()
-            .prepare_cached("SELECT data FROM requests WHERE id = ?1")
-            .and_then(|mut s| s.query_row([id], |r| r.get::<_, String>(0)).optional());
+            .prepare_cached(concat!(
+                "SELECT ",
+                request_columns!(),
+                " FROM requests WHERE id = ?1"
+            ))
+            .and_then(|mut s| s.query_row([id], request_data).optional());
         match found {
             Ok(Some(data)) => match serde_json::from_str(&data) {
                 Ok(request) => Some(request),
@@ -806,8 +1030,11 @@ impl IndexWriter {
         match version {
             None => {
                 tx.execute(
-                    "INSERT INTO meta(key, value) VALUES ('version', ?1)",
-                    [VERSION],
+                    "INSERT INTO meta(key, value, sum) VALUES ('version', ?1, ?2)",
+                    [
+                        VERSION,
+                        meta_sum("version", rusqlite::types::ValueRef::Integer(VERSION)).sum(),
+                    ],
                 )
                 .map_err(&e)?;
             }
@@ -841,8 +1068,8 @@ impl IndexWriter {
             let mut insert = tx
                 .prepare_cached(
                     "INSERT OR REPLACE INTO messages(id, inbox, gen, offset, span, seen_at, sender, \
-                     kind, correlates_to, context_id, state, fingerprint) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                     kind, correlates_to, context_id, state, fingerprint, sum) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 )
                 .map_err(&e)?;
             for m in &changes.messages {
@@ -863,13 +1090,14 @@ impl IndexWriter {
                         m.context_id,
                         m.state.map(State::as_str),
                         fingerprint,
+                        message_sum(m).sum(),
                     ])
                     .map_err(&e)?;
             }
             let mut insert = tx
                 .prepare_cached(
                     "INSERT OR REPLACE INTO others(inbox, gen, offset, span, verdict, seen_at, id, \
-                     sender, reason, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                     sender, reason, detail, sum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                 )
                 .map_err(&e)?;
             for o in &changes.others {
@@ -885,6 +1113,7 @@ impl IndexWriter {
                         o.from,
                         o.reason,
                         o.detail,
+                        other_sum(o).sum(),
                     ])
                     .map_err(&e)?;
             }
@@ -897,66 +1126,88 @@ impl IndexWriter {
             let mut insert = tx
                 .prepare_cached(
                     "INSERT OR REPLACE INTO requests(id, open, due_at, closed_at, addressee, \
-                     requester, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                     requester, data, sum) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 )
                 .map_err(&e)?;
             for r in &changes.requests {
                 let data = serde_json::to_string(r).expect("a request always serialises");
-                let due_at = changes.timing.as_ref().and_then(|t| t.due_at(r));
+                let columns = RequestColumns {
+                    id: &r.id,
+                    open: r.is_open(),
+                    due_at: changes.timing.as_ref().and_then(|t| t.due_at(r)),
+                    closed_at: r.closed_at.map(|t| t.timestamp_millis()),
+                    addressee: &r.addressee,
+                    requester: r.requester_station(),
+                    data: &data,
+                };
                 insert
                     .execute(params![
-                        r.id,
-                        r.is_open(),
-                        due_at,
-                        r.closed_at.map(|t| t.timestamp_millis()),
-                        r.addressee,
-                        r.requester_station(),
-                        data
+                        columns.id,
+                        columns.open,
+                        columns.due_at,
+                        columns.closed_at,
+                        columns.addressee,
+                        columns.requester,
+                        columns.data,
+                        columns.sum().sum(),
                     ])
                     .map_err(&e)?;
             }
             let mut insert = tx
-                .prepare_cached("INSERT OR REPLACE INTO inboxes(name, data) VALUES (?1, ?2)")
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO inboxes(name, data, sum) VALUES (?1, ?2, ?3)",
+                )
                 .map_err(&e)?;
             for (name, inbox) in &changes.inboxes {
                 let data = serde_json::to_string(inbox).expect("an inbox always serialises");
-                insert.execute(params![name, data]).map_err(&e)?;
+                let sum = keyed_sum(name, &data).sum();
+                insert.execute(params![name, data, sum]).map_err(&e)?;
             }
             if let Some(intents) = &changes.intents {
                 tx.execute("DELETE FROM intents", []).map_err(&e)?;
                 let mut insert = tx
-                    .prepare_cached("INSERT INTO intents(id, inbox, line) VALUES (?1, ?2, ?3)")
+                    .prepare_cached(
+                        "INSERT INTO intents(id, inbox, line, sum) VALUES (?1, ?2, ?3, ?4)",
+                    )
                     .map_err(&e)?;
                 for (id, intent) in intents {
+                    let sum = intent_sum(id, intent).sum();
                     insert
-                        .execute(params![id, intent.inbox, intent.line])
+                        .execute(params![id, intent.inbox, intent.line, sum])
                         .map_err(&e)?;
                 }
             }
             if let Some(untold) = &changes.untold {
                 tx.execute("DELETE FROM untold", []).map_err(&e)?;
                 let mut insert = tx
-                    .prepare_cached("INSERT INTO untold(key, data) VALUES (?1, ?2)")
+                    .prepare_cached("INSERT INTO untold(key, data, sum) VALUES (?1, ?2, ?3)")
                     .map_err(&e)?;
                 for (key, line) in untold {
                     let data = serde_json::to_string(line).expect("a refusal always serialises");
-                    insert.execute(params![key, data]).map_err(&e)?;
+                    let sum = keyed_sum(key, &data).sum();
+                    insert.execute(params![key, data, sum]).map_err(&e)?;
                 }
             }
             let mut meta = tx
-                .prepare_cached("INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)")
+                .prepare_cached("INSERT OR REPLACE INTO meta(key, value, sum) VALUES (?1, ?2, ?3)")
                 .map_err(&e)?;
+            let mut text = |key: &str, value: &str| {
+                let sum = meta_sum(key, rusqlite::types::ValueRef::Text(value.as_bytes())).sum();
+                meta.execute(params![key, value, sum]).map(|_| ())
+            };
             if let Some(refused) = &changes.refused {
                 let data = serde_json::to_string(refused).expect("counts always serialise");
-                meta.execute(params!["refused", data]).map_err(&e)?;
+                text("refused", &data).map_err(&e)?;
             }
             if let Some(timing) = &changes.timing {
-                meta.execute(params!["timing", timing.key()]).map_err(&e)?;
+                text("timing", &timing.key()).map_err(&e)?;
             }
-            meta.execute(params!["segment", to_sql(changes.segment)])
-                .map_err(&e)?;
-            meta.execute(params!["journal_len", to_sql(changes.journal_len)])
-                .map_err(&e)?;
+            let mut int = |key: &str, value: i64| {
+                let sum = meta_sum(key, rusqlite::types::ValueRef::Integer(value)).sum();
+                meta.execute(params![key, value, sum]).map(|_| ())
+            };
+            int("segment", to_sql(changes.segment)).map_err(&e)?;
+            int("journal_len", to_sql(changes.journal_len)).map_err(&e)?;
         }
         tx.commit().map_err(e)
     }

@@ -1501,8 +1501,9 @@ struct Loaded {
 /// inboxes, where the judge knows its own lines by their seal.
 fn load(bridge: &Bridge, journal_path: &std::path::Path) -> Result<Loaded> {
     let mut rebuilding = false;
+    let mut lost = false;
     loop {
-        match load_from_index(bridge, journal_path, rebuilding) {
+        match load_from_index(bridge, journal_path, rebuilding, lost) {
             Err(Error::Index { path, message }) if !rebuilding => {
                 tracing::error!(path = %path.display(), %message, "the index cannot be used: rebuilding it from the journal (no line is judged again)");
                 crate::checkpoint::discard(&path)?;
@@ -1522,7 +1523,10 @@ fn load(bridge: &Bridge, journal_path: &std::path::Path) -> Result<Loaded> {
                 line,
                 offset,
                 message,
-            }) if path == journal_path => cut_damaged(journal_path, line, offset, &message)?,
+            }) if path == journal_path => {
+                cut_damaged(journal_path, line, offset, &message)?;
+                lost = true;
+            }
             other => return other,
         }
     }
@@ -1571,9 +1575,16 @@ fn load_from_index(
     bridge: &Bridge,
     journal_path: &std::path::Path,
     rebuilding: bool,
+    lost: bool,
 ) -> Result<Loaded> {
     let state = bridge.state_dir()?;
     let index_path = crate::index::index_path(&state);
+    if !rebuilding && crate::index::damage_mark(&index_path).exists() {
+        return Err(Error::Index {
+            path: index_path,
+            message: "a reader found it damaged".into(),
+        });
+    }
     let (mut writer, fresh) = crate::checkpoint::open_index(&index_path)?;
     let mut snapshot = open_snapshot(&index_path)?;
     finish_roll(&state, journal_path, snapshot.segment)?;
@@ -1641,7 +1652,8 @@ fn load_from_index(
         snapshot.saved(changes.seq);
         snapshot.timing = Some(timing.key());
     }
-    let mut refused_log = RefusedLog::open(&state, &tail)?;
+    // A new index, or a journal cut short: refusals judged again may be in the log already.
+    let mut refused_log = RefusedLog::open(&state, (!(fresh || lost)).then_some(&tail))?;
     if !tail.is_empty() {
         drop(tail);
         JournalFollower::new(journal_path.to_path_buf(), tail_from)

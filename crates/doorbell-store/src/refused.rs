@@ -48,8 +48,9 @@ pub struct RefusedLog {
 
 impl RefusedLog {
     /// Open the log in the judge's folder, cutting off a torn last record, and note which of
-    /// the refusals keyed in `replayed` it already holds.
-    pub fn open(state_dir: &Path, replayed: &HashSet<String>) -> Result<RefusedLog> {
+    /// the refusals keyed in `replayed` it already holds; `None`: note every one (after the
+    /// journal lost records, any refusal here may be judged again).
+    pub fn open(state_dir: &Path, replayed: Option<&HashSet<String>>) -> Result<RefusedLog> {
         let path = state_dir.join(REFUSED_FILE);
         crate::fault::check(&path).map_err(Error::io("open refused log", &path))?;
         let file = OpenOptions::new()
@@ -65,7 +66,7 @@ impl RefusedLog {
             if let Line::Complete { bytes, .. } = line {
                 if let Ok(record) = serde_json::from_slice::<RefusedRecord>(bytes) {
                     let key = refusal_key(&record.inbox, record.generation, record.offset);
-                    if replayed.contains(&key) {
+                    if replayed.is_none_or(|r| r.contains(&key)) {
                         keys.insert(key);
                     }
                 }
