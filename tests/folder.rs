@@ -313,6 +313,28 @@ fn rung_and_stopped(bridge: &Bridge) -> String {
         format!("{}\n", line("01BADTO", "design", "nobody", "note", "")).as_bytes(),
     );
     let daemon = crate::util::Daemon::start(bridge, &["--config", &config]);
+    // A second refusal once the first is told: two notices, which a rebuild must not merge
+    // into a third.
+    let notices = |b: &Bridge| {
+        id_counts(b, "design")
+            .keys()
+            .filter(|id| id.starts_with("bridge:refused:"))
+            .count()
+    };
+    bridge.wait_for(
+        std::time::Duration::from_secs(20),
+        "the first notice",
+        |b| notices(b) == 1,
+    );
+    bridge.append_raw(
+        "web",
+        format!("{}\n", line("01BADTO2", "design", "nobody", "note", "")).as_bytes(),
+    );
+    bridge.wait_for(
+        std::time::Duration::from_secs(20),
+        "the second notice",
+        |b| notices(b) == 2,
+    );
     bridge.wait_for(
         std::time::Duration::from_secs(20),
         "a ring and an escalation, judged",
@@ -434,7 +456,7 @@ fn a_lost_or_damaged_journal_repeats_no_ring_notice_or_verdict() {
         if damage == "flip" {
             let kept: Vec<_> = std::fs::read_dir(&state)
                 .unwrap()
-                .filter_map(|e| e.ok())
+                .filter_map(Result::ok)
                 .filter(|e| {
                     e.file_name()
                         .to_string_lossy()

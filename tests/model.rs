@@ -172,6 +172,34 @@ enum Op {
     Hup {
         good: bool,
     },
+    /// An inbox hard-linked under a name no agent has, seen by a running judge, then unlinked:
+    /// its lines are not judged under the other name. Nothing changes.
+    Link {
+        inbox: usize,
+    },
+    /// Another process holds an inbox's lock while a notice for it is due (its owner sent a
+    /// line that is refused), then lets go: the notice is written once, after.
+    HoldLock {
+        inbox: usize,
+        to: usize,
+    },
+    /// With the daemon stopped, the judge's own state is damaged: the index deleted or
+    /// garbage, the journal deleted (with or without the index), or a byte of its last record
+    /// flipped with the index lost (so the judge reads that record). Nothing changes: no
+    /// verdict, ring or notice differs or repeats.
+    Damage {
+        what: Harm,
+    },
+}
+
+/// What [`Op::Damage`] does to the judge's state.
+#[derive(Debug, Clone, Copy)]
+enum Harm {
+    DeleteIndex,
+    GarbageIndex,
+    DeleteJournal,
+    DeleteBoth,
+    FlipLastRecord,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -217,6 +245,16 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Start),
         1 => any::<bool>().prop_map(|restart| Op::Restore { restart }),
         2 => any::<bool>().prop_map(|good| Op::Hup { good }),
+        1 => agent().prop_map(|inbox| Op::Link { inbox }),
+        1 => (agent(), agent()).prop_map(|(inbox, to)| Op::HoldLock { inbox, to }),
+        2 => prop_oneof![
+            Just(Harm::DeleteIndex),
+            Just(Harm::GarbageIndex),
+            Just(Harm::DeleteJournal),
+            Just(Harm::DeleteBoth),
+            Just(Harm::FlipLastRecord),
+        ]
+        .prop_map(|what| Op::Damage { what }),
     ]
 }
 
@@ -527,6 +565,9 @@ struct Figures {
     reloads: usize,
     destroyed: usize,
     restores: usize,
+    links: usize,
+    holds: usize,
+    damages: usize,
     written: usize,
     judged: usize,
     notices: usize,
@@ -542,6 +583,9 @@ impl Figures {
         self.reloads += other.reloads;
         self.destroyed += other.destroyed;
         self.restores += other.restores;
+        self.links += other.links;
+        self.holds += other.holds;
+        self.damages += other.damages;
         self.written += other.written;
         self.judged += other.judged;
         self.notices += other.notices;
@@ -1189,7 +1233,119 @@ impl Case {
                 }
             }
             Op::Hup { good } => self.hup(good),
+            Op::Link { inbox } => self.link(inbox),
+            Op::HoldLock { inbox, to } => self.hold_lock(inbox, to),
+            Op::Damage { what } => self.damage(what),
         }
+    }
+
+    /// Hard-link an inbox as `mirrorN-inbox.jsonl`; once the running judge has said it is
+    /// another's file, unlink it. No line of it may be judged as mirror's.
+    fn link(&mut self, inbox: usize) {
+        let name = self.model.agent(inbox);
+        if std::fs::metadata(self.inbox(&name)).map_or(0, |m| m.len()) == 0 {
+            // An empty file is nobody's yet: a link to it is a new, empty inbox.
+            return;
+        }
+        self.start();
+        self.settle();
+        // A new name each time: the judge warns once per name.
+        let mirror = format!("mirror{}", self.figures.links);
+        let link = self.bridge.inbox(&mirror);
+        let daemon = self.daemon.as_mut().expect("running");
+        let mark = daemon.stderr_mark();
+        std::fs::hard_link(self.bridge.inbox(&name), &link).unwrap();
+        let daemon = self.daemon.as_mut().expect("running");
+        let said = daemon.expect_stderr_since(mark, "file under another name", PATIENCE);
+        assert!(said.contains(&mirror), "{said}");
+        std::fs::remove_file(&link).unwrap();
+        let records: Vec<JournalRecord> =
+            read_records(&self.bridge.dir().join(".doorbell/journal.jsonl"));
+        assert!(
+            records.iter().all(|r| !r.inbox.starts_with("mirror")),
+            "a hard link's lines were judged under its name"
+        );
+        self.figures.links += 1;
+    }
+
+    /// Hold `inbox`'s lock while its owner's refused line (in `to`'s inbox) makes a notice
+    /// for it due; let go once the judge has said it waits.
+    fn hold_lock(&mut self, inbox: usize, to: usize) {
+        let (owner, to) = self.model.pair(inbox, to);
+        self.start();
+        self.settle();
+        let held = locked(&self.inbox(&owner));
+        let daemon = self.daemon.as_mut().expect("running");
+        let mark = daemon.stderr_mark();
+        let id = self.model.fresh_id();
+        let text = line(&id, &owner, &to, "note", r#","priority":9"#);
+        self.raw(&to, &text, refused("bad-field", true));
+        let daemon = self.daemon.as_mut().expect("running");
+        daemon.expect_stderr_since(mark, "another process holds this inbox's lock", PATIENCE);
+        drop(held);
+        self.figures.holds += 1;
+    }
+
+    /// Damage the judge's state with no judge running. The journal is lost only while
+    /// every inbox is still its first file: a replaced file's lines are gone from the disk,
+    /// and nothing could judge them again (the model's verdicts are of the files it wrote).
+    fn damage(&mut self, what: Harm) {
+        self.kill();
+        let state = self.bridge.dir().join(".doorbell");
+        let journal = state.join("journal.jsonl");
+        let first_files = self.model.inboxes.values().all(|i| i.len() == 1);
+        let index_files = || ["index.db", "index.db-wal", "index.db-shm"].map(|f| state.join(f));
+        let what = match what {
+            Harm::DeleteJournal | Harm::DeleteBoth | Harm::FlipLastRecord if !first_files => {
+                Harm::GarbageIndex
+            }
+            what => what,
+        };
+        match what {
+            Harm::DeleteIndex => {
+                for file in index_files() {
+                    let _ = std::fs::remove_file(file);
+                }
+            }
+            Harm::GarbageIndex => {
+                for file in index_files() {
+                    let _ = std::fs::remove_file(file);
+                }
+                std::fs::write(&index_files()[0], b"SQLite format 3\0 and then garbage").unwrap();
+            }
+            Harm::DeleteJournal => {
+                let _ = std::fs::remove_file(&journal);
+            }
+            Harm::DeleteBoth => {
+                let _ = std::fs::remove_file(&journal);
+                for file in index_files() {
+                    let _ = std::fs::remove_file(file);
+                }
+            }
+            Harm::FlipLastRecord => {
+                let mut bytes = std::fs::read(&journal).unwrap_or_default();
+                if bytes.len() > 2 {
+                    // A byte inside the last record, not its newline.
+                    let end = bytes.len() - 1;
+                    let start = bytes[..end]
+                        .iter()
+                        .rposition(|&b| b == b'\n')
+                        .map_or(0, |p| p + 1);
+                    let at = start + (end - start) / 2;
+                    bytes[at] ^= 0x04;
+                    std::fs::write(&journal, &bytes).unwrap();
+                }
+                // The judge reads the journal past what the index covers: without the index
+                // it reads all of it, so the flipped record is read (and found).
+                for file in index_files() {
+                    let _ = std::fs::remove_file(file);
+                }
+            }
+        }
+        // The next judge finds the damage and repairs it before anything reads the journal.
+        let once = self.bridge.doorbell(&["daemon", "--once"]);
+        assert_eq!(once.code, 0, "{what:?}: {once:?}");
+        self.figures.damages += 1;
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1617,7 +1773,8 @@ fn torture(name: &str, cases: u32, max_ops: usize) {
     let t = *totals.lock().unwrap();
     println!(
         "{name}: {} cases, {} ops, {} SIGKILLs, {} SIGTERMs, {} starts, {} reloads, {} files \
-         truncated/replaced/deleted, {} folders restored, {} lines written, {} lines judged ({} notices); nothing \
+         truncated/replaced/deleted, {} folders restored, {} hard links, {} held locks, {} \
+         damaged states, {} lines written, {} lines judged ({} notices); nothing \
          lost, nothing judged twice; {:.1?}",
         t.cases,
         t.ops,
@@ -1627,6 +1784,9 @@ fn torture(name: &str, cases: u32, max_ops: usize) {
         t.reloads,
         t.destroyed,
         t.restores,
+        t.links,
+        t.holds,
+        t.damages,
         t.written,
         t.judged,
         t.notices,

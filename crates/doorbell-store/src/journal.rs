@@ -276,6 +276,10 @@ pub struct Snapshot {
     pub intents: BTreeMap<String, Intent>,
     /// Refusals whose sender has not been told yet, by `inbox/gen/offset`.
     pub untold: BTreeMap<String, RefusedLine>,
+    /// Refusals a notice named before they were judged: a notice the journal lost, found
+    /// by its seal ahead of the lines it names, which are being judged again. Empty but in a
+    /// rebuild.
+    told_ahead: std::collections::HashSet<String>,
     /// The live journal segment (see `segments`), and where its last complete record ends.
     pub segment: u64,
     pub journal_len: u64,
@@ -449,38 +453,46 @@ impl Snapshot {
         self.own_ids.retain(|_, touched| *touched > seq);
     }
 
+    /// A line the judge means to write (or, found by its seal, wrote): its ring counts,
+    /// the refusals it names are told, and its id is the judge's.
+    fn apply_intent(&mut self, record: Record) {
+        if let Some(ring) = &record.ring {
+            let due = match ring.ring {
+                0 => Due::Escalate,
+                n => Due::Ring(n),
+            };
+            let at = DateTime::from_timestamp_millis(record.seen_at).unwrap_or_default();
+            self.ledger.rang(&ring.request, ring.epoch, due, at);
+        }
+        if let (Some(id), Some(line)) = (record.id, record.write) {
+            for key in &record.covers {
+                if self.untold.remove(key).is_some() {
+                    self.pending.untold = true;
+                } else {
+                    self.told_ahead.insert(key.clone());
+                }
+            }
+            if !self.ledger.is_claimed(&id) {
+                self.intents.insert(
+                    id.clone(),
+                    Intent {
+                        inbox: record.inbox,
+                        line,
+                    },
+                );
+                self.pending.intents = true;
+            }
+            if !self.own_ids.contains_key(&id) {
+                self.own_ids.insert(id.clone(), self.ledger.seq());
+                self.pending.own.push(id);
+            }
+        }
+    }
+
     /// Apply one record, in journal order.
     pub fn apply(&mut self, record: Record) {
         if record.verdict == Word::Intent {
-            if let Some(ring) = &record.ring {
-                let due = match ring.ring {
-                    0 => Due::Escalate,
-                    n => Due::Ring(n),
-                };
-                let at = DateTime::from_timestamp_millis(record.seen_at).unwrap_or_default();
-                self.ledger.rang(&ring.request, ring.epoch, due, at);
-            }
-            if let (Some(id), Some(line)) = (record.id, record.write) {
-                for key in &record.covers {
-                    if self.untold.remove(key).is_some() {
-                        self.pending.untold = true;
-                    }
-                }
-                if !self.ledger.is_claimed(&id) {
-                    self.intents.insert(
-                        id.clone(),
-                        Intent {
-                            inbox: record.inbox,
-                            line,
-                        },
-                    );
-                    self.pending.intents = true;
-                }
-                if !self.own_ids.contains_key(&id) {
-                    self.own_ids.insert(id.clone(), self.ledger.seq());
-                    self.pending.own.push(id);
-                }
-            }
+            self.apply_intent(record);
             return;
         }
         let inbox = match self.inboxes.get_mut(&record.inbox) {
@@ -519,8 +531,11 @@ impl Snapshot {
                     *self.refused.entry(reason).or_default() += 1;
                     self.pending.refused = true;
                 }
-                if let (true, Some(from), Some(reason)) = (record.tell, &record.from, reason) {
-                    let key = refusal_key(&record.inbox, record.gen, record.offset);
+                let key = refusal_key(&record.inbox, record.gen, record.offset);
+                let told = !self.told_ahead.is_empty() && self.told_ahead.remove(&key);
+                if let (true, false, Some(from), Some(reason)) =
+                    (record.tell, told, &record.from, reason)
+                {
                     self.untold.insert(
                         key,
                         RefusedLine {

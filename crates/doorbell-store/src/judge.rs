@@ -23,8 +23,8 @@ use chrono::{DateTime, Utc};
 use doorbell_core::debts::{escalation_note, next_due, ring_note, Due, Schedule};
 use doorbell_core::notice::{refusal_key, refusal_notice, RefusedLine, MAX_PER_NOTICE};
 use doorbell_core::{
-    is_agent_name, judge_line, Accepted, Kind, Limits, Refusal, RefusalReason, Registry, Verdict,
-    BUILTIN_LOOPS,
+    is_agent_name, judge_line, Accepted, Envelope, Kind, Limits, Refusal, RefusalReason, Registry,
+    Verdict, BUILTIN_LOOPS,
 };
 
 use crate::append::{append_line_within, open_inbox};
@@ -1210,33 +1210,7 @@ impl Judge {
         mut held: Option<&mut HeldLines>,
         stats: &mut CatchUp,
     ) -> Result<()> {
-        // The judge's own line: an id it journaled and, while its intent is open, exactly the
-        // line it means to write, in the inbox it means; or a line under its seal (one the
-        // journal lost). Anyone can predict a reserved id; a copy elsewhere or with other
-        // words must not pass for the bridge's line, close the intent and stop the real one.
-        let snapshot = &self.snapshot;
-        let intents = &self.snapshot.intents;
-        let seal = &self.seal;
-        let sealed = std::cell::Cell::new(false);
-        let own = |id: &str| match intents.get(id) {
-            Some(intent) => {
-                intent.inbox == name && (intent.line.as_bytes() == bytes || seal.verifies(bytes))
-            }
-            None if snapshot.is_own(id) => true,
-            None => {
-                let verified = seal.verifies(bytes);
-                sealed.set(verified);
-                verified
-            }
-        };
-        let (verdict, envelope) = judge_line(
-            bytes,
-            name,
-            &self.limits,
-            &self.registry,
-            &self.snapshot.ledger,
-            &own,
-        );
+        let (verdict, envelope, sealed) = self.judge_bytes(name, bytes);
         if let (Some(envelope), Some(held)) = (&envelope, held.as_deref_mut()) {
             let unknown_request = matches!(
                 &verdict,
@@ -1271,7 +1245,7 @@ impl Judge {
                 return Ok(());
             }
         }
-        if let (true, Verdict::Accepted, Some(envelope)) = (sealed.get(), &verdict, &envelope) {
+        if let (true, Verdict::Accepted, Some(envelope)) = (sealed, &verdict, &envelope) {
             self.recognise_own(name, bytes, envelope, now)?;
         }
         let accepted = match (&verdict, &envelope) {
@@ -1333,6 +1307,43 @@ impl Judge {
         Ok(())
     }
 
+    /// The verdict on one complete line, and whether it is a line of the judge's own that
+    /// only its seal shows (the journal lost its intent).
+    fn judge_bytes<'a>(
+        &self,
+        name: &str,
+        bytes: &'a [u8],
+    ) -> (Verdict, Option<Envelope<'a>>, bool) {
+        // The judge's own line: an id it journaled and, while its intent is open, exactly the
+        // line it means to write, in the inbox it means; or a line under its seal (one the
+        // journal lost). Anyone can predict a reserved id; a copy elsewhere or with other
+        // words must not pass for the bridge's line, close the intent and stop the real one.
+        let snapshot = &self.snapshot;
+        let intents = &self.snapshot.intents;
+        let seal = &self.seal;
+        let sealed = std::cell::Cell::new(false);
+        let own = |id: &str| match intents.get(id) {
+            Some(intent) => {
+                intent.inbox == name && (intent.line.as_bytes() == bytes || seal.verifies(bytes))
+            }
+            None if snapshot.is_own(id) => true,
+            None => {
+                let verified = seal.verifies(bytes);
+                sealed.set(verified);
+                verified
+            }
+        };
+        let (verdict, envelope) = judge_line(
+            bytes,
+            name,
+            &self.limits,
+            &self.registry,
+            &self.snapshot.ledger,
+            &own,
+        );
+        (verdict, envelope, sealed.get())
+    }
+
     /// A line of the judge's own that the journal does not know (it was lost or damaged):
     /// journal the intent it was written for, so the ledger counts its ring and nothing
     /// writes it again. The intent is dated when the line was written.
@@ -1340,7 +1351,7 @@ impl Judge {
         &mut self,
         name: &str,
         bytes: &[u8],
-        envelope: &doorbell_core::Envelope<'_>,
+        envelope: &Envelope<'_>,
         now: DateTime<Utc>,
     ) -> Result<()> {
         let id: &str = &envelope.id;
@@ -1361,6 +1372,10 @@ impl Judge {
             epoch,
             ring,
         });
+        // A refusal notice names its lines in its data part: they are told already.
+        if id.starts_with("bridge:refused:") {
+            record.covers = notice_covers(bytes);
+        }
         tracing::info!(
             inbox = name,
             id,
@@ -1530,6 +1545,30 @@ fn load(bridge: &Bridge, journal_path: &std::path::Path) -> Result<Loaded> {
             other => return other,
         }
     }
+}
+
+/// The `inbox/gen/offset` keys of the refusals a notice line names in its data part.
+fn notice_covers(bytes: &[u8]) -> Vec<String> {
+    let Ok(line) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+        return Vec::new();
+    };
+    let parts = line["message"]["parts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    parts
+        .iter()
+        .filter_map(|part| part["data"]["refused"].as_array())
+        .flatten()
+        .filter_map(|r| {
+            let gen = u32::try_from(r["generation"].as_u64()?).ok()?;
+            Some(refusal_key(
+                r["inbox"].as_str()?,
+                gen,
+                r["offset"].as_u64()?,
+            ))
+        })
+        .collect()
 }
 
 /// Keep the journal from `offset` on in a file beside it, then cut the journal there. Every
