@@ -352,6 +352,8 @@ struct Model {
     sent: Vec<Sent>,
     /// The strict config is in force.
     strict: bool,
+    /// The config changed during the case: lines judged before were judged by another.
+    reconfigured: bool,
     next: usize,
 }
 
@@ -1160,6 +1162,7 @@ impl Case {
                 // Lines written before the change are judged with the old config.
                 self.settle_any();
                 self.model.strict = !self.model.strict;
+                self.model.reconfigured = true;
                 self.write_config(self.config());
                 self.figures.reloads += 1;
             }
@@ -1171,6 +1174,7 @@ impl Case {
         let mark = daemon.stderr_mark();
         if good {
             self.model.strict = !self.model.strict;
+            self.model.reconfigured = true;
             self.write_config(self.config());
             let daemon = self.daemon.as_mut().expect("running");
             daemon.signal("HUP");
@@ -1287,13 +1291,16 @@ impl Case {
     }
 
     /// Damage the judge's state with no judge running. The journal is lost only while
-    /// every inbox is still its first file: a replaced file's lines are gone from the disk,
-    /// and nothing could judge them again (the model's verdicts are of the files it wrote).
+    /// every inbox is still its first file and the config never changed: a replaced file's
+    /// lines are gone from the disk, so nothing could judge them again, and a line judged
+    /// again is judged by today's config (the model's verdicts are of the files it wrote,
+    /// under the config of the time).
     fn damage(&mut self, what: Harm) {
         self.kill();
         let state = self.bridge.dir().join(".doorbell");
         let journal = state.join("journal.jsonl");
-        let first_files = self.model.inboxes.values().all(|i| i.len() == 1);
+        let first_files =
+            self.model.inboxes.values().all(|i| i.len() == 1) && !self.model.reconfigured;
         let index_files = || ["index.db", "index.db-wal", "index.db-shm"].map(|f| state.join(f));
         let what = match what {
             Harm::DeleteJournal | Harm::DeleteBoth | Harm::FlipLastRecord if !first_files => {
