@@ -528,3 +528,48 @@ fn a_damaged_index_row_is_found_by_its_checksum_and_the_index_rebuilt() {
     assert_eq!(read.len(), 1);
     assert_eq!(read[0]["envelope"]["id"], id);
 }
+
+#[test]
+fn an_inbox_renamed_away_and_back_under_a_running_daemon_changes_nothing() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    bridge.send("design", "web", "before");
+    bridge.send("web", "design", "before too");
+    let mut daemon = crate::util::Daemon::start(&bridge, &[]);
+    bridge.wait_for(std::time::Duration::from_secs(20), "both judged", |b| {
+        b.verdict_count() == 2
+    });
+    let away = bridge.inbox("mirror");
+    let mark = daemon.stderr_mark();
+    std::fs::rename(bridge.inbox("web"), &away).unwrap();
+    daemon.expect_stderr_since(
+        mark,
+        "file under another name",
+        std::time::Duration::from_secs(20),
+    );
+    // Back, and at once a line from web in design's inbox: the judge, stopped meanwhile,
+    // wakes to both at once, and reads design's inbox first.
+    daemon.signal("STOP");
+    std::fs::rename(&away, bridge.inbox("web")).unwrap();
+    bridge.append_raw(
+        "design",
+        format!("{}\n", line("01AFTERFROMWEB", "web", "design", "note", "")).as_bytes(),
+    );
+    bridge.append_raw(
+        "web",
+        format!("{}\n", line("01AFTERTOWEB", "design", "web", "note", "")).as_bytes(),
+    );
+    daemon.signal("CONT");
+    bridge.wait_for(
+        std::time::Duration::from_secs(20),
+        "both new lines judged",
+        |b| b.verdict_count() == 4,
+    );
+    // Before: the line from web was refused `unknown-sender`, web not yet a station again.
+    let verdicts = bridge.verdicts();
+    assert!(
+        verdicts.iter().all(|v| v.2 == "accepted"),
+        "{verdicts:?}\n{:?}",
+        daemon.stderr_so_far()
+    );
+    daemon.kill();
+}

@@ -172,10 +172,19 @@ enum Op {
     Hup {
         good: bool,
     },
-    /// An inbox hard-linked under a name no agent has, seen by a running judge, then unlinked:
-    /// its lines are not judged under the other name. Nothing changes.
+    /// An inbox hard-linked (or renamed) under a name no agent has, seen by a running judge,
+    /// then unlinked (or renamed back): its lines are not judged under the other name.
+    /// Nothing changes.
     Link {
         inbox: usize,
+        rename: bool,
+    },
+    /// An inbox unreadable (mode 000) for a while, with a line for it and one from its owner
+    /// elsewhere: the daemon says so, judges the other inbox meanwhile, and once the inbox is
+    /// readable again judges its line.
+    Unreadable {
+        inbox: usize,
+        other: usize,
     },
     /// Another process holds an inbox's lock while a notice for it is due (its owner sent a
     /// line that is refused), then lets go: the notice is written once, after.
@@ -245,8 +254,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Start),
         1 => any::<bool>().prop_map(|restart| Op::Restore { restart }),
         2 => any::<bool>().prop_map(|good| Op::Hup { good }),
-        1 => agent().prop_map(|inbox| Op::Link { inbox }),
+        1 => (agent(), any::<bool>()).prop_map(|(inbox, rename)| Op::Link { inbox, rename }),
         1 => (agent(), agent()).prop_map(|(inbox, to)| Op::HoldLock { inbox, to }),
+        1 => (agent(), agent()).prop_map(|(inbox, other)| Op::Unreadable { inbox, other }),
         2 => prop_oneof![
             Just(Harm::DeleteIndex),
             Just(Harm::GarbageIndex),
@@ -569,6 +579,7 @@ struct Figures {
     restores: usize,
     links: usize,
     holds: usize,
+    unreadable: usize,
     damages: usize,
     written: usize,
     judged: usize,
@@ -587,6 +598,7 @@ impl Figures {
         self.restores += other.restores;
         self.links += other.links;
         self.holds += other.holds;
+        self.unreadable += other.unreadable;
         self.damages += other.damages;
         self.written += other.written;
         self.judged += other.judged;
@@ -644,9 +656,18 @@ impl Case {
         }
     }
 
+    /// Start the daemon as a user's would run: root, but without root's power over file
+    /// modes (`CAP_DAC_OVERRIDE`, `CAP_DAC_READ_SEARCH`), so an inbox of mode 000 is one it
+    /// cannot read.
     fn start(&mut self) {
         if self.daemon.is_none() {
-            self.daemon = Some(Daemon::start(&self.bridge, &[]));
+            let mut command = std::process::Command::new("setpriv");
+            self.bridge.env(&mut command);
+            command
+                .arg("--bounding-set=-dac_override,-dac_read_search")
+                .arg(crate::util::BIN)
+                .arg("daemon");
+            self.daemon = Some(Daemon::spawn(command));
             self.figures.restarts += 1;
         }
     }
@@ -1237,15 +1258,18 @@ impl Case {
                 }
             }
             Op::Hup { good } => self.hup(good),
-            Op::Link { inbox } => self.link(inbox),
+            Op::Link { inbox, rename } => self.link(inbox, rename),
             Op::HoldLock { inbox, to } => self.hold_lock(inbox, to),
+            Op::Unreadable { inbox, other } => self.unreadable(inbox, other),
             Op::Damage { what } => self.damage(what),
         }
     }
 
-    /// Hard-link an inbox as `mirrorN-inbox.jsonl`; once the running judge has said it is
-    /// another's file, unlink it. No line of it may be judged as mirror's.
-    fn link(&mut self, inbox: usize) {
+    /// Hard-link an inbox as `mirrorN-inbox.jsonl` (or rename it so); once the running judge
+    /// has said it is another's file, unlink it (or rename it back). No line of it may be
+    /// judged as mirror's. Nothing is written while the name is away, so no notice is due
+    /// to the inbox meanwhile.
+    fn link(&mut self, inbox: usize, rename: bool) {
         let name = self.model.agent(inbox);
         if std::fs::metadata(self.inbox(&name)).map_or(0, |m| m.len()) == 0 {
             // An empty file is nobody's yet: a link to it is a new, empty inbox.
@@ -1258,11 +1282,19 @@ impl Case {
         let link = self.bridge.inbox(&mirror);
         let daemon = self.daemon.as_mut().expect("running");
         let mark = daemon.stderr_mark();
-        std::fs::hard_link(self.bridge.inbox(&name), &link).unwrap();
+        if rename {
+            std::fs::rename(self.bridge.inbox(&name), &link).unwrap();
+        } else {
+            std::fs::hard_link(self.bridge.inbox(&name), &link).unwrap();
+        }
         let daemon = self.daemon.as_mut().expect("running");
         let said = daemon.expect_stderr_since(mark, "file under another name", PATIENCE);
         assert!(said.contains(&mirror), "{said}");
-        std::fs::remove_file(&link).unwrap();
+        if rename {
+            std::fs::rename(&link, self.bridge.inbox(&name)).unwrap();
+        } else {
+            std::fs::remove_file(&link).unwrap();
+        }
         let records: Vec<JournalRecord> =
             read_records(&self.bridge.dir().join(".doorbell/journal.jsonl"));
         assert!(
@@ -1270,6 +1302,45 @@ impl Case {
             "a hard link's lines were judged under its name"
         );
         self.figures.links += 1;
+    }
+
+    /// Make `inbox` unreadable, write a line to it, start the daemon, and write one from its
+    /// owner to `other`; once the daemon has said it cannot read the inbox and has judged
+    /// `other`'s line, make it readable.
+    fn unreadable(&mut self, inbox: usize, other: usize) {
+        use std::os::unix::fs::PermissionsExt;
+        let (name, other) = self.model.pair(inbox, other);
+        // A file the daemon has open stays readable to it: the mode counts when it opens
+        // the inbox, so the daemon starts while the inbox is unreadable.
+        let path = self.inbox(&name);
+        if !path.exists() {
+            return;
+        }
+        self.kill();
+        let mode = |m: u32| {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(m)).unwrap();
+        };
+        mode(0o000);
+        self.send("note", &other, &name, Via::Raw);
+        self.start();
+        let daemon = self.daemon.as_mut().expect("running");
+        daemon.expect_stderr_since(0, "cannot read this inbox", PATIENCE);
+        let judged_in = |bridge: &Bridge, inbox: &str| {
+            let records: Vec<JournalRecord> =
+                read_records(&bridge.dir().join(".doorbell/journal.jsonl"));
+            records
+                .iter()
+                .filter(|r| r.inbox == inbox && matches!(r.verdict.as_str(), "a" | "d" | "r"))
+                .count()
+        };
+        let before = judged_in(&self.bridge, &other);
+        self.send("note", &name, &other, Via::Raw);
+        self.bridge
+            .wait_for(PATIENCE, "the other inbox judged meanwhile", |b| {
+                judged_in(b, &other) > before
+            });
+        mode(0o600);
+        self.figures.unreadable += 1;
     }
 
     /// Hold `inbox`'s lock while its owner's refused line (in `to`'s inbox) makes a notice
@@ -1780,8 +1851,8 @@ fn torture(name: &str, cases: u32, max_ops: usize) {
     let t = *totals.lock().unwrap();
     println!(
         "{name}: {} cases, {} ops, {} SIGKILLs, {} SIGTERMs, {} starts, {} reloads, {} files \
-         truncated/replaced/deleted, {} folders restored, {} hard links, {} held locks, {} \
-         damaged states, {} lines written, {} lines judged ({} notices); nothing \
+         truncated/replaced/deleted, {} folders restored, {} hard links or renames, {} held \
+         locks, {} unreadable inboxes, {} damaged states, {} lines written, {} lines judged ({} notices); nothing \
          lost, nothing judged twice; {:.1?}",
         t.cases,
         t.ops,
@@ -1793,6 +1864,7 @@ fn torture(name: &str, cases: u32, max_ops: usize) {
         t.restores,
         t.links,
         t.holds,
+        t.unreadable,
         t.damages,
         t.written,
         t.judged,

@@ -408,10 +408,12 @@ impl Judge {
         let mut stats = CatchUp::default();
         let mut held = HeldLines::default();
         let mut holds = self.holds;
+        // An inbox new to the judge (made, or renamed back) is a station before any line of
+        // this sweep is judged: a line from it may sit in an inbox read before its own.
+        if names.iter().any(|name| !self.inbox_names.contains(name)) {
+            self.refresh_registry()?;
+        }
         for name in names {
-            if !self.inbox_names.contains(name) {
-                self.refresh_registry()?;
-            }
             self.sweep_one(name, now, &mut held, &mut stats)?;
         }
         // A held line's request was appended before the line was read, but perhaps to an
