@@ -573,3 +573,90 @@ fn an_inbox_renamed_away_and_back_under_a_running_daemon_changes_nothing() {
     );
     daemon.kill();
 }
+
+#[test]
+fn a_hard_link_that_outlives_a_replacement_of_the_inbox_is_not_judged_as_a_new_one() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    for n in 0..3 {
+        bridge.send("design", "web", &format!("message {n}"));
+    }
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    std::fs::hard_link(bridge.inbox("web"), bridge.inbox("frontend")).unwrap();
+    // web's file is replaced (a rename over it): the link keeps the old one.
+    let fresh = bridge.dir().join("web-inbox.jsonl.new");
+    std::fs::write(&fresh, b"").unwrap();
+    std::fs::rename(&fresh, bridge.inbox("web")).unwrap();
+    bridge.send("design", "web", "to the new file");
+    // The judge that sees the new file first still knows the old one as web's current
+    // file; the next one knows it only as an earlier one.
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    bridge.send("design", "web", "and one more");
+    let once = bridge.doorbell(&["daemon", "--once"]);
+    assert_eq!(once.code, 0, "{once:?}");
+    assert!(
+        once.stderr.contains("web's file under another name"),
+        "{}",
+        once.stderr
+    );
+    // Before: its three lines refused as `misaddressed`, and design told so.
+    let verdicts = bridge.verdicts();
+    assert!(
+        verdicts.iter().all(|v| v.0 != "frontend"),
+        "the old file was judged as a new inbox: {verdicts:?}"
+    );
+    assert!(
+        bridge.lines("design").is_empty(),
+        "design was told of refusals"
+    );
+    let read = bridge.read_json("web", &[]);
+    assert_eq!(
+        read.last().unwrap()["envelope"]["message"]["parts"][0]["text"],
+        "and one more"
+    );
+}
+
+#[test]
+fn an_answer_to_a_request_in_an_unreadable_inbox_waits_instead_of_being_refused() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    bridge.append_raw(
+        "web",
+        format!("{}\n", line("01ASKWEB", "design", "web", "request", "")).as_bytes(),
+    );
+    bridge.append_raw(
+        "design",
+        format!(
+            "{}\n",
+            line(
+                "01WEBANSWERS",
+                "web",
+                "design",
+                "response",
+                r#","correlatesTo":"01ASKWEB","state":"working""#
+            )
+        )
+        .as_bytes(),
+    );
+    let chown = std::process::Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(bridge.tmp.path())
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let mode = |m: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(bridge.inbox("web"), std::fs::Permissions::from_mode(m)).unwrap();
+    };
+    mode(0o000);
+    let once = as_nobody(&bridge, &["daemon", "--once"]);
+    assert_eq!(once.code, 0, "{once:?}");
+    // The request may be in the inbox that cannot be read: the answer waits, unjudged, and
+    // web is told nothing (before: refused `unknown-request`, and web told so).
+    assert_eq!(bridge.verdicts(), [], "{}", once.stderr);
+    assert!(bridge.lines("web").len() == 1, "web was told of a refusal");
+    mode(0o600);
+    let once = as_nobody(&bridge, &["daemon", "--once"]);
+    assert_eq!(once.code, 0, "{once:?}");
+    let verdicts = bridge.verdicts();
+    assert_eq!(verdicts.len(), 2, "{verdicts:?}");
+    assert!(verdicts.iter().all(|v| v.2 == "accepted"), "{verdicts:?}");
+}

@@ -1271,8 +1271,9 @@ impl Case {
     /// to the inbox meanwhile.
     fn link(&mut self, inbox: usize, rename: bool) {
         let name = self.model.agent(inbox);
-        if std::fs::metadata(self.inbox(&name)).map_or(0, |m| m.len()) == 0 {
-            // An empty file is nobody's yet: a link to it is a new, empty inbox.
+        if !std::fs::read(self.inbox(&name)).is_ok_and(|b| b.contains(&b'\n')) {
+            // Nothing of it judged yet (empty, or one unfinished line): a link to it is a
+            // new inbox with nothing to judge, and nothing to say.
             return;
         }
         self.start();

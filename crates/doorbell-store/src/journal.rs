@@ -196,7 +196,23 @@ pub struct InboxJournal {
     /// When the judge last accepted a line here (milliseconds since the epoch).
     #[serde(default)]
     pub last_accepted_at: i64,
+    /// The files of the last few generations before this one, each with its last mark:
+    /// a hard link that outlives a replacement still holds one, and is known by it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier: Vec<EarlierFile>,
 }
+
+/// A file an inbox had in an earlier generation: which file, and its last mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EarlierFile {
+    pub dev: u64,
+    pub ino: u64,
+    pub offset: u64,
+    pub marker: Marker,
+}
+
+/// How many earlier files an inbox remembers.
+const EARLIER_FILES: usize = 4;
 
 impl InboxJournal {
     fn add(&mut self, offset: u64, span: u64) {
@@ -211,13 +227,43 @@ impl InboxJournal {
     }
 
     fn new_generation(&mut self, gen: u32, dev: u64, ino: u64) {
+        let mut earlier = std::mem::take(&mut self.earlier);
+        if let Some((offset, marker)) = self.mark {
+            earlier.push(EarlierFile {
+                dev: self.dev,
+                ino: self.ino,
+                offset,
+                marker,
+            });
+            if earlier.len() > EARLIER_FILES {
+                earlier.remove(0);
+            }
+        }
         *self = InboxJournal {
             gen,
             dev,
             ino,
             last_accepted_at: self.last_accepted_at,
+            earlier,
             ..InboxJournal::default()
         };
+    }
+
+    /// Whether `file` is this inbox's file, now or in one of its last generations: the same
+    /// device and inode, and the same bytes before a mark.
+    fn holds(&self, file: &File, meta: &std::fs::Metadata) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let same = |dev: u64, ino: u64, offset: u64, marker: &Marker| {
+            (dev, ino) == (meta.dev(), meta.ino())
+                && meta.len() >= offset
+                && marker.matches(file, offset).unwrap_or(false)
+        };
+        self.mark
+            .is_some_and(|(offset, marker)| same(self.dev, self.ino, offset, &marker))
+            || self
+                .earlier
+                .iter()
+                .any(|e| same(e.dev, e.ino, e.offset, &e.marker))
     }
 
     /// Apply a mark or a verdict about this inbox. Returns whether it was a verdict of the
@@ -330,9 +376,9 @@ impl Snapshot {
         self.index.as_ref()
     }
 
-    /// Bring every open request into memory (the judge needs them all to ring).
-    /// For an inbox name never judged: the known inbox whose file this is (the same inode
-    /// and the same judged bytes), a hard link to it or it renamed.
+    /// For an inbox name never judged: the known inbox whose file this is, now or in one of
+    /// its last generations (the same inode and the same judged bytes), a hard link to it or
+    /// it renamed.
     #[must_use]
     pub fn same_file_as_another(
         &self,
@@ -340,19 +386,12 @@ impl Snapshot {
         file: &File,
         meta: &std::fs::Metadata,
     ) -> Option<String> {
-        use std::os::unix::fs::MetadataExt;
         if self.inboxes.contains_key(name) {
             return None;
         }
         self.inboxes
             .iter()
-            .find(|(other, known)| {
-                other.as_str() != name
-                    && (known.dev, known.ino) == (meta.dev(), meta.ino())
-                    && known.mark.is_some_and(|(offset, marker)| {
-                        meta.len() >= offset && marker.matches(file, offset).unwrap_or(false)
-                    })
-            })
+            .find(|(other, known)| other.as_str() != name && known.holds(file, meta))
             .map(|(other, _)| other.clone())
     }
 
@@ -365,6 +404,7 @@ impl Snapshot {
         Ok(())
     }
 
+    /// Bring every open request into memory (the judge needs them all to ring).
     pub fn load_open_requests(&mut self) -> Result<()> {
         if let Some(index) = &self.index {
             let open = index.open_requests()?;

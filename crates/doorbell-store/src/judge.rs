@@ -211,6 +211,11 @@ pub struct Judge {
     published_names: Option<String>,
     /// Inboxes that could not be opened (their mode): warned of once each.
     unreadable: BTreeSet<String>,
+    /// Inboxes with a line left unjudged because the request it answers may be in an inbox
+    /// that cannot be read: swept again once one can be.
+    waiting_on_unreadable: BTreeSet<String>,
+    /// An unreadable inbox could be read again since the last sweep ended.
+    readable_again: bool,
     /// Inbox names that are another inbox's file (a hard link, a rename): warned of once.
     doubles: BTreeSet<String>,
     /// Inboxes whose lock another process held when a notice was due: warned of once.
@@ -243,6 +248,8 @@ impl Judge {
             inbox_names: bridge.inboxes()?.into_iter().collect(),
             published_names: None,
             unreadable: BTreeSet::new(),
+            waiting_on_unreadable: BTreeSet::new(),
+            readable_again: false,
             doubles: BTreeSet::new(),
             locked_inboxes: BTreeSet::new(),
             bridge,
@@ -429,8 +436,14 @@ impl Judge {
             }
         }
         // Every inbox has been read to its end after the held lines were read: what is still
-        // held answers no request.
+        // held answers no request. Unless an inbox could not be read: its request may be
+        // there, so the line waits, unjudged, and its inbox is swept again once that one
+        // can be read.
         let mut rest: Vec<Held> = held.by_request.into_values().flatten().collect();
+        if !self.unreadable.is_empty() {
+            self.waiting_on_unreadable
+                .extend(rest.drain(..).map(|line| line.inbox));
+        }
         rest.sort_by(|a, b| (&a.inbox, a.offset).cmp(&(&b.inbox, b.offset)));
         for line in rest {
             self.judge_complete(
@@ -448,6 +461,13 @@ impl Judge {
         // Between sweeps nothing holds a read of the index (the WAL can be checkpointed).
         if let Some(index) = self.snapshot.index() {
             index.release();
+        }
+        if std::mem::take(&mut self.readable_again) && !self.waiting_on_unreadable.is_empty() {
+            let waiting: Vec<String> = std::mem::take(&mut self.waiting_on_unreadable)
+                .into_iter()
+                .collect();
+            let again = self.sweep(&waiting, now)?;
+            stats.absorb(again);
         }
         Ok(stats)
     }
@@ -860,7 +880,11 @@ impl Judge {
                 return Ok(None);
             }
             Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(None)
+                // Gone: nothing waits for what it held any more.
+                if self.unreadable.remove(name) {
+                    self.readable_again = true;
+                }
+                return Ok(None);
             }
             // One unreadable inbox (its mode) never stops the others: said once, skipped
             // until it can be read again, nothing of it judged meanwhile.
@@ -876,6 +900,7 @@ impl Judge {
         };
         if self.unreadable.remove(name) {
             tracing::warn!(path = %path.display(), "the inbox can be read again: judging it");
+            self.readable_again = true;
         }
         let meta = file.metadata().map_err(Error::io("stat inbox", &path))?;
         Ok(Some((file, meta)))
