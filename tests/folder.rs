@@ -660,3 +660,44 @@ fn an_answer_to_a_request_in_an_unreadable_inbox_waits_instead_of_being_refused(
     assert_eq!(verdicts.len(), 2, "{verdicts:?}");
     assert!(verdicts.iter().all(|v| v.2 == "accepted"), "{verdicts:?}");
 }
+
+#[test]
+fn a_damaged_journal_after_a_sealed_segment_is_cut_once_and_rebuilt() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    bridge.send("design", "web", "in the sealed segment");
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    bridge.doorbell(&["compact"]).ok();
+    // The live journal grows well past the sealed segment's length.
+    for n in 0..20 {
+        bridge.send("design", "web", &format!("in the live journal {n}"));
+    }
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let before = everything_once(&bridge);
+    let verdicts = last_verdicts(&bridge);
+    let state = bridge.dir().join(".doorbell");
+    for file in ["index.db", "index.db-wal", "index.db-shm"] {
+        let _ = std::fs::remove_file(state.join(file));
+    }
+    // A byte of the live journal's last record.
+    let journal = state.join("journal.jsonl");
+    let mut bytes = std::fs::read(&journal).unwrap();
+    let at = bytes.len() - 20;
+    bytes[at] ^= 0x04;
+    std::fs::write(&journal, &bytes).unwrap();
+    let once = bridge.doorbell(&["daemon", "--once"]);
+    assert_eq!(once.code, 0, "{once:?}");
+    assert_eq!(everything_once(&bridge), before);
+    assert_eq!(last_verdicts(&bridge), verdicts, "{}", once.stderr);
+    // One cut, at the damaged record (before: a second cut, at the sealed segment's length,
+    // as the retry read the live journal from the wrong place).
+    let kept = std::fs::read_dir(&state)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("journal.damaged-")
+        })
+        .count();
+    assert_eq!(kept, 1, "{}", once.stderr);
+}

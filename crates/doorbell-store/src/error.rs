@@ -40,6 +40,12 @@ pub enum Error {
         offset: u64,
         message: String,
     },
+    #[error("journal {path} line {line}: {message} (the record is intact but not one this doorbell reads: a newer doorbell wrote it; run that one)")]
+    UnknownJournalRecord {
+        path: PathBuf,
+        line: u64,
+        message: String,
+    },
     #[error("index {path} is damaged: {message} (the judge rebuilds it from the journal when it starts)")]
     Index { path: PathBuf, message: String },
     #[error("index {path} covers {index_len} bytes of the journal, which has {journal_len} (the judge rebuilds the index from the journal when it starts)")]

@@ -164,6 +164,8 @@ pub struct Changes {
     /// The whole (small) open state, when it changed since the last save.
     pub intents: Option<BTreeMap<String, Intent>>,
     pub untold: Option<BTreeMap<String, RefusedLine>>,
+    /// Refusals a recovered notice named before they were judged again (see `Snapshot`).
+    pub told_ahead: Option<std::collections::BTreeSet<String>>,
     pub refused: Option<BTreeMap<RefusalReason, u64>>,
     /// The schedule the requests' due times are computed with.
     pub timing: Option<Timing>,
@@ -189,6 +191,7 @@ pub struct OpenState {
     pub inboxes: BTreeMap<String, InboxJournal>,
     pub intents: BTreeMap<String, Intent>,
     pub untold: BTreeMap<String, RefusedLine>,
+    pub told_ahead: std::collections::BTreeSet<String>,
     pub refused: BTreeMap<RefusalReason, u64>,
     /// What the saved due times were computed with (see [`Timing::key`]).
     pub timing: Option<String>,
@@ -600,6 +603,10 @@ impl Index {
                 "refused" => {
                     let text: String = row.get(1).map_err(&e)?;
                     state.refused = self.decode(&text)?;
+                }
+                "told_ahead" => {
+                    let text: String = row.get(1).map_err(&e)?;
+                    state.told_ahead = self.decode(&text)?;
                 }
                 "timing" => state.timing = Some(row.get(1).map_err(&e)?),
                 "segment" => {
@@ -1201,6 +1208,10 @@ impl IndexWriter {
             }
             if let Some(timing) = &changes.timing {
                 text("timing", &timing.key()).map_err(&e)?;
+            }
+            if let Some(told) = &changes.told_ahead {
+                let data = serde_json::to_string(told).expect("keys always serialise");
+                text("told_ahead", &data).map_err(&e)?;
             }
             let mut int = |key: &str, value: i64| {
                 let sum = meta_sum(key, rusqlite::types::ValueRef::Integer(value)).sum();

@@ -325,7 +325,7 @@ pub struct Snapshot {
     /// Refusals a notice named before they were judged: a notice the journal lost, found
     /// by its seal ahead of the lines it names, which are being judged again. Empty but in a
     /// rebuild.
-    told_ahead: std::collections::HashSet<String>,
+    told_ahead: BTreeSet<String>,
     /// The live journal segment (see `segments`), and where its last complete record ends.
     pub segment: u64,
     pub journal_len: u64,
@@ -339,6 +339,7 @@ pub struct Snapshot {
 
 /// What changed since the last save, for the next one.
 #[derive(Debug, Default)]
+#[allow(clippy::struct_excessive_bools)] // one "changed" flag per table of the open state
 struct Pending {
     messages: Vec<MessageRow>,
     others: Vec<OtherRow>,
@@ -346,6 +347,7 @@ struct Pending {
     inboxes: BTreeSet<String>,
     intents: bool,
     untold: bool,
+    told_ahead: bool,
     refused: bool,
 }
 
@@ -362,6 +364,7 @@ impl Snapshot {
             refused: open.refused,
             intents: open.intents,
             untold: open.untold,
+            told_ahead: open.told_ahead,
             segment: open.segment,
             journal_len: open.journal_len,
             timing: open.timing,
@@ -477,6 +480,7 @@ impl Snapshot {
                 .collect(),
             intents: pending.intents.then(|| self.intents.clone()),
             untold: pending.untold.then(|| self.untold.clone()),
+            told_ahead: pending.told_ahead.then(|| self.told_ahead.clone()),
             refused: pending.refused.then(|| self.refused.clone()),
             timing: Some(timing.clone()),
         }
@@ -510,6 +514,7 @@ impl Snapshot {
                     self.pending.untold = true;
                 } else {
                     self.told_ahead.insert(key.clone());
+                    self.pending.told_ahead = true;
                 }
             }
             if !self.ledger.is_claimed(&id) {
@@ -573,6 +578,9 @@ impl Snapshot {
                 }
                 let key = refusal_key(&record.inbox, record.gen, record.offset);
                 let told = !self.told_ahead.is_empty() && self.told_ahead.remove(&key);
+                if told {
+                    self.pending.told_ahead = true;
+                }
                 if let (true, false, Some(from), Some(reason)) =
                     (record.tell, told, &record.from, reason)
                 {
@@ -697,9 +705,6 @@ impl Snapshot {
     ) -> Result<Snapshot> {
         let start = snapshot.journal_len;
         let mut number = 0u64;
-        // Records from before checksums were written have none; after the first that has
-        // one, a record without is damaged.
-        let mut summed = false;
         let end = LineReader::new(1 << 26).read(file, start, |line| {
             number += 1;
             let Line::Complete { bytes, offset } = line else {
@@ -710,8 +715,8 @@ impl Snapshot {
                     "record too long".into(),
                 ));
             };
-            let record = parse_record(bytes, &mut summed)
-                .map_err(|message| corrupt(path, number, offset, message))?;
+            let record =
+                parse_record(bytes).map_err(|bad| bad_record(path, number, offset, bad))?;
             seen(&record);
             snapshot.apply(record);
             snapshot.journal_len = offset + bytes.len() as u64 + 1;
@@ -767,29 +772,47 @@ fn add_checksum(out: &mut Vec<u8>) {
     out.extend_from_slice(b"\"}");
 }
 
-/// One journal line as a record, its checksum checked. `summed`: whether a record of this
-/// file already had one.
-pub(crate) fn parse_record(bytes: &[u8], summed: &mut bool) -> std::result::Result<Record, String> {
+/// Why a journal line is not a record.
+pub(crate) enum BadRecord {
+    /// Its bytes are not the ones written (the checksum, or the JSON of one without): the
+    /// journal is cut there.
+    Damaged(String),
+    /// Intact (its checksum matches) but not a record this doorbell reads: a newer one wrote
+    /// it. The judge stops rather than cut what it cannot read.
+    Unknown(String),
+}
+
+/// One journal line as a record, its checksum checked. A record without one (written before
+/// checksums, or by a doorbell from before them) is read as it is.
+pub(crate) fn parse_record(bytes: &[u8]) -> std::result::Result<Record, BadRecord> {
     let tail = bytes
         .len()
         .checked_sub(SUM_TAIL)
         .filter(|&at| bytes[at..].starts_with(SUM_FIELD) && bytes.ends_with(b"\"}"));
-    match tail {
-        Some(at) => {
-            let hex = &bytes[at + SUM_FIELD.len()..bytes.len() - 2];
-            if hex != hex8(sum_of(&bytes[..at])) {
-                return Err("its checksum does not match: the record is damaged".into());
-            }
-            *summed = true;
+    if let Some(at) = tail {
+        let hex = &bytes[at + SUM_FIELD.len()..bytes.len() - 2];
+        if hex != hex8(sum_of(&bytes[..at])) {
+            return Err(BadRecord::Damaged(
+                "its checksum does not match: the record is damaged".into(),
+            ));
         }
-        None if *summed => {
-            return Err(
-                "it has no checksum, after records that have one: the record is damaged".into(),
-            );
-        }
-        None => {}
     }
-    serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    serde_json::from_slice(bytes).map_err(|e| match tail {
+        Some(_) => BadRecord::Unknown(e.to_string()),
+        None => BadRecord::Damaged(e.to_string()),
+    })
+}
+
+/// The error for a journal line that is not a record.
+fn bad_record(path: &Path, line: u64, offset: u64, bad: BadRecord) -> Error {
+    match bad {
+        BadRecord::Damaged(message) => corrupt(path, line, offset, message),
+        BadRecord::Unknown(message) => Error::UnknownJournalRecord {
+            path: path.to_path_buf(),
+            line,
+            message,
+        },
+    }
 }
 
 impl From<std::io::Error> for Error {
@@ -946,8 +969,6 @@ pub struct JournalFollower {
     file: Option<File>,
     pos: u64,
     reader: LineReader,
-    /// Whether a record read had a checksum (see [`parse_record`]).
-    summed: bool,
 }
 
 impl JournalFollower {
@@ -959,7 +980,6 @@ impl JournalFollower {
             file: None,
             pos,
             reader: LineReader::new(1 << 26),
-            summed: false,
         }
     }
 
@@ -975,11 +995,10 @@ impl JournalFollower {
             }
             let file = self.file.as_ref().expect("opened just now");
             let path = &self.path;
-            let summed = &mut self.summed;
             self.pos = self.reader.read(file, self.pos, |line| -> Result<()> {
                 if let Line::Complete { bytes, offset } = line {
-                    let record = parse_record(bytes, summed)
-                        .map_err(|message| corrupt(path, 0, offset, message))?;
+                    let record =
+                        parse_record(bytes).map_err(|bad| bad_record(path, 0, offset, bad))?;
                     each(record);
                 }
                 Ok(())
@@ -1000,5 +1019,36 @@ impl JournalFollower {
             self.file = None;
             self.pos = 0;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summed(text: &str) -> Vec<u8> {
+        let mut bytes = text.as_bytes().to_vec();
+        add_checksum(&mut bytes);
+        bytes
+    }
+
+    #[test]
+    fn a_record_is_read_damaged_or_unknown_by_its_checksum() {
+        let plain = r#"{"in":"web","o":0,"v":"m","t":1}"#;
+        // With its checksum, and without (written before checksums): both read.
+        assert!(parse_record(&summed(plain)).is_ok());
+        assert!(parse_record(plain.as_bytes()).is_ok());
+        // A changed byte under the checksum is damage; so is a record without one that is
+        // not JSON.
+        let mut flipped = summed(plain);
+        flipped[8] ^= 0x01;
+        assert!(matches!(parse_record(&flipped), Err(BadRecord::Damaged(_))));
+        assert!(matches!(
+            parse_record(br#"{"in":"web","o":0,"v""#),
+            Err(BadRecord::Damaged(_))
+        ));
+        // Intact but of a version this doorbell does not read: never cut, the judge stops.
+        let newer = summed(r#"{"ver":99,"in":"web","o":0,"v":"m","t":1}"#);
+        assert!(matches!(parse_record(&newer), Err(BadRecord::Unknown(_))));
     }
 }

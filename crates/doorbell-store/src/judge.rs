@@ -355,6 +355,13 @@ impl Judge {
     fn refresh_registry(&mut self) -> Result<()> {
         self.registry = self.bridge.registry()?;
         self.inbox_names = self.bridge.inboxes()?.into_iter().collect();
+        // An unreadable inbox that is gone (deleted, renamed) holds nothing to wait for.
+        let before = self.unreadable.len();
+        let names = &self.inbox_names;
+        self.unreadable.retain(|name| names.contains(name));
+        if self.unreadable.len() < before {
+            self.readable_again = true;
+        }
         self.publish_names();
         Ok(())
     }
@@ -1603,18 +1610,27 @@ fn notice_covers(bytes: &[u8]) -> Vec<String> {
 fn cut_damaged(journal: &std::path::Path, line: u64, offset: u64, message: &str) -> Result<()> {
     use std::io::{Seek, SeekFrom};
     use std::os::unix::fs::OpenOptionsExt;
-    let aside = journal.with_file_name(format!(
-        "journal.damaged-{}.jsonl",
-        Utc::now().timestamp_millis()
-    ));
     let mut input = File::open(journal).map_err(Error::io("open journal", journal))?;
-    let mut out = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&aside)
-        .map_err(Error::io("keep damaged journal", &aside))?;
+    let stamp = Utc::now().timestamp_millis();
+    let (aside, made) = (0..u32::MAX)
+        .map(|n| {
+            let suffix = if n == 0 {
+                String::new()
+            } else {
+                format!("-{n}")
+            };
+            let aside = journal.with_file_name(format!("journal.damaged-{stamp}{suffix}.jsonl"));
+            let made = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&aside);
+            (aside, made)
+        })
+        .find(|(_, made)| !matches!(made, Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists))
+        .expect("a free name");
+    let mut out = made.map_err(Error::io("keep damaged journal", &aside))?;
     input
         .seek(SeekFrom::Start(offset))
         .and_then(|_| std::io::copy(&mut input, &mut out))
@@ -1778,9 +1794,10 @@ fn replay_sealed(
             Ok(())
         };
         snapshot = Snapshot::replay_file(snapshot, &file, &sealed.path, &mut |_| {}, &mut save)?;
-        save(&mut snapshot)?;
+        // Saved as covering the whole segment: a load after this one starts at the next.
         snapshot.segment = sealed.number + 1;
         snapshot.journal_len = 0;
+        save(&mut snapshot)?;
     }
     Ok(snapshot)
 }
