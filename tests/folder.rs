@@ -93,22 +93,28 @@ fn as_nobody(bridge: &Bridge, args: &[&str]) -> crate::util::Run {
     crate::util::run(command, None)
 }
 
-#[test]
-fn an_unreadable_inbox_is_skipped_and_said_while_every_other_station_works() {
-    let bridge = Bridge::with_agents(&["web", "design", "ops", "human"]);
-    bridge.send("design", "web", "for web");
-    bridge.send("web", "ops", "for ops");
-    // The whole folder belongs to nobody, as a user's own folder belongs to them.
+/// The whole folder belongs to nobody, as a user's own folder belongs to them.
+fn give_to_nobody(bridge: &Bridge) {
     let chown = std::process::Command::new("chown")
         .args(["-R", "65534:65534"])
         .arg(bridge.tmp.path())
         .status()
         .unwrap();
     assert!(chown.success());
-    let mode = |m: u32| {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(bridge.inbox("web"), std::fs::Permissions::from_mode(m)).unwrap();
-    };
+}
+
+fn set_mode(bridge: &Bridge, agent: &str, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(bridge.inbox(agent), std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn an_unreadable_inbox_is_skipped_and_said_while_every_other_station_works() {
+    let bridge = Bridge::with_agents(&["web", "design", "ops", "human"]);
+    bridge.send("design", "web", "for web");
+    bridge.send("web", "ops", "for ops");
+    give_to_nobody(&bridge);
+    let mode = |m: u32| set_mode(&bridge, "web", m);
     mode(0o000);
     let once = as_nobody(&bridge, &["daemon", "--once"]);
     assert_eq!(
@@ -636,16 +642,8 @@ fn an_answer_to_a_request_in_an_unreadable_inbox_waits_instead_of_being_refused(
         )
         .as_bytes(),
     );
-    let chown = std::process::Command::new("chown")
-        .args(["-R", "65534:65534"])
-        .arg(bridge.tmp.path())
-        .status()
-        .unwrap();
-    assert!(chown.success());
-    let mode = |m: u32| {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(bridge.inbox("web"), std::fs::Permissions::from_mode(m)).unwrap();
-    };
+    give_to_nobody(&bridge);
+    let mode = |m: u32| set_mode(&bridge, "web", m);
     mode(0o000);
     let once = as_nobody(&bridge, &["daemon", "--once"]);
     assert_eq!(once.code, 0, "{once:?}");
