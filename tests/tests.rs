@@ -3,6 +3,7 @@
 
 mod util;
 
+mod a2a;
 mod catch_up;
 mod check;
 mod daemon;

@@ -288,7 +288,16 @@ impl Daemon {
 
     /// Start a prepared daemon command and wait up to `ready_within` until it says it is
     /// judging (a long catch-up needs longer than the usual 30 s).
-    pub fn spawn_within(mut command: Command, ready_within: std::time::Duration) -> Daemon {
+    pub fn spawn_within(command: Command, ready_within: std::time::Duration) -> Daemon {
+        Daemon::spawn_saying(command, "doorbell: judging", ready_within)
+    }
+
+    /// Start a prepared command and wait up to `ready_within` until its stderr says `ready`.
+    pub fn spawn_saying(
+        mut command: Command,
+        ready: &str,
+        ready_within: std::time::Duration,
+    ) -> Daemon {
         command
             .env("DOORBELL_LOG", "info")
             .stdin(Stdio::null())
@@ -313,7 +322,7 @@ impl Daemon {
             lines,
             stderr: Vec::new(),
         };
-        daemon.expect_stderr("doorbell: judging", ready_within);
+        daemon.expect_stderr(ready, ready_within);
         daemon
     }
 

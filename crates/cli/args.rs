@@ -59,6 +59,9 @@ pub enum Command {
     Hook(HookArgs),
     /// Serve MCP on stdin and stdout as one agent: send, reply, read, wait, debts, show, status
     Mcp(McpArgs),
+    /// The A2A 1.0 gateway: every station an A2A agent for the config's [[remote]] callers
+    #[command(subcommand)]
+    A2a(A2aCommand),
     /// Print (or --write: merge) the hook and MCP configuration of a harness for an agent
     Setup(SetupArgs),
     /// Print shell completions (bash, zsh, fish, elvish, powershell)
@@ -332,6 +335,16 @@ pub struct DaemonArgs {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum A2aCommand {
+    /// Serve A2A over HTTP until SIGTERM or SIGINT (the daemon does too, with [a2a] listen)
+    Serve {
+        /// The address and port (default: the config's [a2a] listen, else 127.0.0.1:7717)
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<std::net::SocketAddr>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum AgentCommand {
     /// Create an agent's inbox (and the bridge folder when needed)
     Add {
@@ -369,6 +382,7 @@ impl Cli {
             // A hook never fails its harness's turn: errors are said on stderr, no decision.
             Command::Hook(args) => Ok(crate::hook::run(dir.as_deref(), config.as_deref(), &args)),
             Command::Mcp(args) => crate::mcp::run(session()?, &args.agent),
+            Command::A2a(A2aCommand::Serve { listen }) => crate::a2a::serve(&session()?, listen),
             Command::Setup(args) => crate::setup::run(&session()?, &args),
             Command::Agent(AgentCommand::Add { name }) => crate::agent::add(&session()?, &name),
             Command::Agent(AgentCommand::List { json }) => crate::agent::list(&session()?, json),

@@ -59,6 +59,21 @@ pub fn run(session: &Session, config_path: Option<&Path>) -> anyhow::Result<i32>
                 _ = interrupt.recv() => {}
             }
         };
+        // The gateway, when the config asks for it, lives and ends with the daemon.
+        if let Some(listen) = bridge.config.a2a_listen {
+            let (listener, gateway) = doorbell_a2a::bind(bridge.clone(), listen).await?;
+            eprintln!(
+                "doorbell: serving A2A on http://{}/a2a/<station>",
+                gateway.addr()
+            );
+            tokio::spawn(async move {
+                if let Err(error) =
+                    doorbell_a2a::serve(listener, gateway, std::future::pending()).await
+                {
+                    tracing::error!(%error, "the A2A gateway stopped");
+                }
+            });
+        }
         let options = doorbell_daemon::Options {
             bridge,
             lock,

@@ -3,6 +3,7 @@
 
 #[macro_use]
 mod output;
+mod a2a;
 mod agent;
 mod args;
 mod check;

@@ -205,6 +205,9 @@ impl Bridge {
         registry
             .stations
             .extend(self.config.agents.iter().map(|a| a.name.clone()));
+        registry
+            .stations
+            .extend(self.config.remotes.iter().map(|r| r.name.clone()));
         registry.loops.extend(self.config.loops.iter().cloned());
         for (name, owner) in &self.config.loop_owners {
             if !registry.stations.contains(owner) {

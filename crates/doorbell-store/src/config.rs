@@ -18,6 +18,49 @@ pub struct AgentConfig {
     pub name: String,
     #[serde(default)]
     pub hook: Option<Vec<String>>,
+    /// What the station does, for its A2A Agent Card.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// What the station can be asked, for its A2A Agent Card (`[[agent.skill]]`).
+    #[serde(default, rename = "skill")]
+    pub skills: Vec<SkillConfig>,
+}
+
+/// One `[[agent.skill]]`: a skill on the station's Agent Card.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SkillConfig {
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default)]
+    pub examples: Vec<String>,
+}
+
+/// One `[[remote]]`: a caller of the A2A gateway, a station like any other. Its bearer token
+/// (read from `token_file`) names it, so on that channel its name is authenticated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteConfig {
+    pub name: String,
+    pub token_file: Option<PathBuf>,
+    /// The remote's own bridge, when it has one: its A2A endpoint.
+    pub url: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemoteFile {
+    name: String,
+    token_file: Option<String>,
+    url: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct A2aFile {
+    listen: Option<String>,
 }
 
 /// The `[debts]` table: when the doorbell rings again and when a debt counts as stalled.
@@ -61,6 +104,9 @@ pub struct Config {
     pub hook_every: Duration,
     /// The most a hook puts in an agent's context at once, in characters.
     pub hook_max_chars: usize,
+    /// Where the daemon serves the A2A gateway (`[a2a] listen`), when it does.
+    pub a2a_listen: Option<std::net::SocketAddr>,
+    pub remotes: Vec<RemoteConfig>,
 }
 
 impl Default for Config {
@@ -77,6 +123,8 @@ impl Default for Config {
             board: false,
             hook_every: Duration::from_secs(30),
             hook_max_chars: 4000,
+            a2a_listen: None,
+            remotes: Vec::new(),
         }
     }
 }
@@ -95,6 +143,9 @@ struct ConfigFile {
     #[serde(default, rename = "loop")]
     loops: Vec<LoopFile>,
     debts: Option<DebtsFile>,
+    a2a: Option<A2aFile>,
+    #[serde(default)]
+    remote: Vec<RemoteFile>,
 }
 
 #[derive(Deserialize)]
@@ -131,6 +182,38 @@ fn hooks(
             ));
         }
         config.hook_max_chars = max;
+    }
+    Ok(())
+}
+
+/// The A2A keys (DESIGN §11): `[a2a] listen` and the `[[remote]]` callers.
+fn a2a(
+    a2a: Option<A2aFile>,
+    remotes: &[RemoteFile],
+    names: &mut BTreeSet<String>,
+    config: &mut Config,
+) -> std::result::Result<(), String> {
+    for remote in remotes {
+        check_name(&remote.name, "remote", names)?;
+        if let Some(url) = &remote.url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!(
+                    "key 'remote.url' of '{}': '{url}' is not an http:// or https:// URL",
+                    remote.name
+                ));
+            }
+        }
+        config.remotes.push(RemoteConfig {
+            name: remote.name.clone(),
+            token_file: remote.token_file.as_deref().map(expand_home),
+            url: remote.url.clone(),
+        });
+    }
+    if let Some(listen) = a2a.and_then(|a| a.listen) {
+        let addr = listen.parse().map_err(|_| {
+            format!("key 'a2a.listen': '{listen}' is not an address and port (e.g. 127.0.0.1:7717)")
+        })?;
+        config.a2a_listen = Some(addr);
     }
     Ok(())
 }
@@ -218,6 +301,7 @@ impl Config {
         for entry in &file.loops {
             check_name(&entry.name, "loop", &mut names).map_err(bad)?;
         }
+        a2a(file.a2a, &file.remote, &mut names, &mut config).map_err(bad)?;
         for entry in &file.loops {
             let Some(owner) = &entry.owner else { continue };
             let refused = if !is_agent_name(owner) {

@@ -30,7 +30,7 @@ pub const INDEX_FILE: &str = "index.db";
 /// Messages sent, by sender and kind.
 pub type Sent = HashMap<(String, Kind), u64>;
 /// Bumped whenever the tables change: an index of another version is rebuilt.
-const VERSION: i64 = 4;
+const VERSION: i64 = 5;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value, sum INTEGER NOT NULL) WITHOUT ROWID;
@@ -81,6 +81,7 @@ CREATE INDEX IF NOT EXISTS requests_open ON requests(due_at) WHERE open;
 CREATE INDEX IF NOT EXISTS requests_open_to ON requests(addressee) WHERE open;
 CREATE INDEX IF NOT EXISTS requests_open_from ON requests(requester) WHERE open;
 CREATE INDEX IF NOT EXISTS requests_closed ON requests(closed_at) WHERE closed_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS requests_by_pair ON requests(addressee, requester, id);
 CREATE TABLE IF NOT EXISTS own(id TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS inboxes(name TEXT PRIMARY KEY, data TEXT NOT NULL, sum INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS intents(id TEXT PRIMARY KEY, inbox TEXT NOT NULL, line TEXT NOT NULL, sum INTEGER NOT NULL) WITHOUT ROWID;
@@ -718,6 +719,28 @@ impl Index {
             .prepare_cached("SELECT min(due_at) FROM requests WHERE open")
             .and_then(|mut s| s.query_row([], |r| r.get(0)))
             .map_err(sql(&self.path))
+    }
+
+    /// Every request addressed to `addressee` (by `requester` only, when given), in id order.
+    pub fn requests_to(&self, addressee: &str, requester: Option<&str>) -> Result<Vec<Request>> {
+        match requester {
+            Some(requester) => self.requests_where(
+                concat!(
+                    "SELECT ",
+                    request_columns!(),
+                    " FROM requests WHERE addressee = ?1 AND requester = ?2 ORDER BY id"
+                ),
+                [addressee, requester],
+            ),
+            None => self.requests_where(
+                concat!(
+                    "SELECT ",
+                    request_columns!(),
+                    " FROM requests WHERE addressee = ?1 ORDER BY id"
+                ),
+                [addressee],
+            ),
+        }
     }
 
     /// Requests closed at or after `since` (milliseconds).

@@ -34,6 +34,25 @@ pub struct Message {
     pub text: Option<String>,
     /// A JSON object, for a data part.
     pub data: Option<Box<RawValue>>,
+    /// Parts after the text and the data, in order (what an A2A message carries).
+    pub parts: Vec<Part>,
+    /// `agent` (default) or `user`.
+    pub role: Option<String>,
+}
+
+/// A part of a message beyond its text and data part.
+#[derive(Debug, Clone)]
+pub enum Part {
+    Text(String),
+    /// A JSON object.
+    Data(Box<RawValue>),
+    /// A file, by `uri` or as base64 `bytes`.
+    File {
+        name: Option<String>,
+        mime_type: Option<String>,
+        uri: Option<String>,
+        bytes: Option<String>,
+    },
 }
 
 fn refused(message: impl Into<String>) -> Error {
@@ -77,6 +96,20 @@ struct OutMessage<'a> {
 enum OutPart<'a> {
     Text { text: &'a str },
     Data { data: &'a RawValue },
+    File { file: OutFile<'a> },
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct OutFile<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mime_type: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    uri: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes: Option<&'a str>,
 }
 
 /// Check the sender, the kind and the id before anything is read or written.
@@ -175,6 +208,25 @@ pub fn send(bridge: &Bridge, view: Option<&View>, message: &Message) -> Result<V
     if let Some(data) = &message.data {
         parts.push(OutPart::Data { data });
     }
+    for part in &message.parts {
+        parts.push(match part {
+            Part::Text(text) => OutPart::Text { text },
+            Part::Data(data) => OutPart::Data { data },
+            Part::File {
+                name,
+                mime_type,
+                uri,
+                bytes,
+            } => OutPart::File {
+                file: OutFile {
+                    name: name.as_deref(),
+                    mime_type: mime_type.as_deref(),
+                    uri: uri.as_deref(),
+                    bytes: bytes.as_deref(),
+                },
+            },
+        });
+    }
     let state = match (&message.state, kind.as_str()) {
         (None, "request") => Some("submitted"),
         (state, _) => state.as_deref(),
@@ -206,7 +258,7 @@ pub fn send(bridge: &Bridge, view: Option<&View>, message: &Message) -> Result<V
             priority: message.priority,
             reply_by: message.reply_by.as_deref(),
             message: OutMessage {
-                role: "agent",
+                role: message.role.as_deref().unwrap_or("agent"),
                 parts: &parts,
             },
         };

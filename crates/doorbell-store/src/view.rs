@@ -497,6 +497,36 @@ impl View {
         Ok(requests.into_values().collect())
     }
 
+    /// Every request addressed to `addressee` (by `requester` only, when given), in id
+    /// order: what an A2A caller lists as its tasks at a station.
+    pub fn requests_to(&self, addressee: &str, requester: Option<&str>) -> Result<Vec<Request>> {
+        let mut requests: BTreeMap<String, Request> = BTreeMap::new();
+        if let Some(index) = self.snapshot.index() {
+            for request in index.requests_to(addressee, requester)? {
+                requests.insert(request.id.clone(), request);
+            }
+        }
+        // Memory is newer than the index.
+        for request in
+            self.snapshot.ledger.requests().filter(|r| {
+                r.addressee == addressee && requester.is_none_or(|who| r.requester == who)
+            })
+        {
+            requests.insert(request.id.clone(), request.clone());
+        }
+        Ok(requests.into_values().collect())
+    }
+
+    /// The messages of request `id`: the request and every accepted line that correlates to
+    /// it (responses, notes, rings), in the order they were accepted.
+    pub fn conversation(&self, request: &Request) -> Result<Vec<Message>> {
+        let mut messages = self.thread(&request.context_id)?;
+        messages.retain(|m| {
+            m.row.id == request.id || m.row.correlates_to.as_deref() == Some(request.id.as_str())
+        });
+        Ok(messages)
+    }
+
     /// The first line of text of each of `requests`, read from its inbox.
     #[must_use]
     pub fn texts(&self, requests: &[&Request]) -> BTreeMap<String, String> {

@@ -1,0 +1,836 @@
+//! The gateway: one HTTP server for every station of the bridge. Each station has its Agent
+//! Card at `/a2a/<station>/.well-known/agent-card.json` and its JSON-RPC endpoint at
+//! `/a2a/<station>`. Every call goes through the bridge API (`View`, `send`) as the caller
+//! its bearer token names, and returns once the judge has said its verdict on what it sent.
+//!
+//! Bounds: a request body of at most twice the line limit, JSON nested at most
+//! [`rpc::MAX_DEPTH`] deep, at most [`MAX_STREAMS`] open streams. Tokens are compared in
+//! constant time and never logged.
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, State as AxumState};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use doorbell_core::{Kind, Request, State};
+use doorbell_store::journal::Word;
+use doorbell_store::{send, Bridge, View};
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::time::Instant;
+
+use crate::proto::{self, Shape};
+use crate::rpc::{self, Call, RpcError};
+use crate::Error;
+
+/// The most streams open at once.
+pub const MAX_STREAMS: usize = 64;
+/// How long a call waits for the judge's verdict on what it sent.
+pub const VERDICT_WITHIN: Duration = Duration::from_secs(5);
+/// How long a blocking `SendMessage` waits for the task to close or ask for input.
+pub const BLOCK_FOR: Duration = Duration::from_secs(60);
+
+/// The gateway's shared state.
+pub struct Gateway {
+    bridge: Bridge,
+    addr: SocketAddr,
+    /// Each caller's token and name.
+    callers: Vec<(Vec<u8>, String)>,
+    /// Bumped whenever the journal (or, with no judge running, an inbox) changes.
+    changes: watch::Receiver<u64>,
+    streams: Arc<Semaphore>,
+}
+
+/// Read each `[[remote]]`'s token: a file only its owner can read, of at least 16 bytes.
+fn callers(bridge: &Bridge) -> Result<Vec<(Vec<u8>, String)>, Error> {
+    let mut callers: Vec<(Vec<u8>, String)> = Vec::new();
+    for remote in &bridge.config.remotes {
+        let Some(path) = &remote.token_file else {
+            continue;
+        };
+        let bad = |why: String| Error::Token {
+            name: remote.name.clone(),
+            path: path.clone(),
+            why,
+        };
+        let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
+        if meta.permissions().mode() & 0o077 != 0 {
+            return Err(bad(format!(
+                "others can read it (mode {:o}): chmod 600 it",
+                meta.permissions().mode() & 0o777
+            )));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let token = text.trim();
+        if token.len() < 16 {
+            return Err(bad("a token is at least 16 characters".into()));
+        }
+        if callers
+            .iter()
+            .any(|(t, _)| t.as_slice() == token.as_bytes())
+        {
+            return Err(bad("another [[remote]] has the same token".into()));
+        }
+        callers.push((token.as_bytes().to_vec(), remote.name.clone()));
+    }
+    Ok(callers)
+}
+
+/// A thread that follows the bridge and bumps `changes` at every change; with no judge
+/// running it judges what arrived first, as a waiting command would.
+fn follow(bridge: Bridge, changes: watch::Sender<u64>) -> Result<(), Error> {
+    let events = doorbell_daemon::waiter::Events::new(&bridge)?;
+    std::thread::Builder::new()
+        .name("a2a-changes".into())
+        .spawn(move || {
+            while events.wait(None) {
+                if events.take_unjudged() {
+                    if let Err(error) = doorbell_daemon::waiter::judge_if_idle(&bridge) {
+                        tracing::warn!(%error, "a2a: judging what arrived");
+                    }
+                }
+                changes.send_modify(|n| *n = n.wrapping_add(1));
+                if changes.is_closed() {
+                    return;
+                }
+            }
+        })
+        .map_err(Error::Thread)?;
+    Ok(())
+}
+
+/// Bind the gateway's address and get it ready: the callers' tokens read, each
+/// `[[remote]]`'s inbox made, the bridge followed.
+pub async fn bind(
+    bridge: Bridge,
+    listen: SocketAddr,
+) -> Result<(tokio::net::TcpListener, Arc<Gateway>), Error> {
+    let callers = callers(&bridge)?;
+    if !listen.ip().is_loopback() && callers.is_empty() {
+        return Err(Error::NotLoopback { addr: listen });
+    }
+    if callers.is_empty() {
+        tracing::warn!(
+            "a2a: no [[remote]] has a token_file, so every call will be refused (docs/A2A.md)"
+        );
+    }
+    for remote in &bridge.config.remotes {
+        match bridge.add_agent(&remote.name) {
+            Ok(_) | Err(doorbell_store::Error::AgentExists { .. }) => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| Error::Bind {
+            addr: listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| Error::Bind {
+        addr: listen,
+        source,
+    })?;
+    let (tx, changes) = watch::channel(0);
+    follow(bridge.clone(), tx)?;
+    let gateway = Gateway {
+        bridge,
+        addr,
+        callers,
+        changes,
+        streams: Arc::new(Semaphore::new(MAX_STREAMS)),
+    };
+    Ok((listener, Arc::new(gateway)))
+}
+
+impl Gateway {
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// Serve until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    gateway: Arc<Gateway>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let addr = gateway.addr;
+    let app = Router::new()
+        .route("/a2a/{station}/.well-known/agent-card.json", get(card))
+        .route("/a2a/{station}", post(call))
+        .with_state(gateway);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|source| Error::Bind { addr, source })
+}
+
+type Shared = AxumState<Arc<Gateway>>;
+
+/// Whether `station` is a station of the bridge with an inbox.
+fn is_station(bridge: &Bridge, station: &str) -> bool {
+    doorbell_core::is_agent_name(station)
+        && bridge.require_inbox(station).is_ok()
+        && bridge
+            .registry()
+            .is_ok_and(|registry| registry.is_station(station))
+}
+
+fn no_station(station: &str) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        format!("no station '{station}' on this bridge\n"),
+    )
+        .into_response()
+}
+
+/// The base URL callers reach this gateway at: the `Host` they used, else the bound address.
+fn base_url(gateway: &Gateway, headers: &HeaderMap) -> String {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .filter(|h| {
+            !h.is_empty()
+                && h.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
+        })
+        .map_or_else(|| gateway.addr.to_string(), str::to_owned);
+    format!("http://{host}")
+}
+
+async fn card(
+    AxumState(gateway): Shared,
+    Path(station): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if !is_station(&gateway.bridge, &station) {
+        return no_station(&station);
+    }
+    let url = format!("{}/a2a/{station}", base_url(&gateway, &headers));
+    Json(proto::agent_card(&gateway.bridge.config, &station, &url)).into_response()
+}
+
+/// The caller a request's bearer token names.
+fn caller(gateway: &Gateway, headers: &HeaderMap) -> Result<String, &'static str> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Err("no bearer token: send Authorization: Bearer <your token>");
+    };
+    let token = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or("the Authorization header must be Bearer <token>")?
+        .trim()
+        .as_bytes();
+    let mut found = None;
+    for (known, name) in &gateway.callers {
+        if constant_time_eq(known, token) {
+            found = Some(name);
+        }
+    }
+    found.cloned().ok_or("this token names no caller")
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn unauthorized(why: &str) -> Response {
+    let body = RpcError::invalid_request(why).response(&Value::Null);
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        Json(body),
+    )
+        .into_response()
+}
+
+/// A JSON-RPC error, with HTTP 200 as the binding wants (clients read the error then).
+fn error(id: &Value, error: &RpcError) -> Response {
+    Json(error.response(id)).into_response()
+}
+
+async fn call(
+    AxumState(gateway): Shared,
+    Path(station): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if !is_station(&gateway.bridge, &station) {
+        return no_station(&station);
+    }
+    let caller = match caller(&gateway, &headers) {
+        Ok(caller) => caller,
+        Err(why) => return unauthorized(why),
+    };
+    let limit = gateway.bridge.max_line_bytes() * 2;
+    let Ok(body) = axum::body::to_bytes(body, limit).await else {
+        return error(
+            &Value::Null,
+            &RpcError::invalid_request(format!(
+                "the request is over {limit} bytes (twice the bridge's line limit)"
+            )),
+        );
+    };
+    let call = match rpc::parse(&body) {
+        Ok(call) => call,
+        Err((id, e)) => return error(&id, &e),
+    };
+    if let Some(version) = headers
+        .get("A2A-Version")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+    {
+        if !matches!(version, "1.0" | "1") {
+            return error(&call.id, &RpcError::version_not_supported(version));
+        }
+    }
+    tracing::debug!(method = %call.method, %caller, %station, "a2a call");
+    let who = Who {
+        gateway,
+        station,
+        caller,
+    };
+    match dispatch(who, call).await {
+        Ok(response) => response,
+        Err((id, e)) => error(&id, &e),
+    }
+}
+
+/// Who calls, at which station, through which gateway.
+#[derive(Clone)]
+struct Who {
+    gateway: Arc<Gateway>,
+    station: String,
+    caller: String,
+}
+
+async fn dispatch(who: Who, call: Call) -> Result<Response, (Value, RpcError)> {
+    let Call { id, method, params } = call;
+    let fail = |e: RpcError| (id.clone(), e);
+    let answer = |value: Value| Json(rpc::result(&id, &value)).into_response();
+    match method.as_str() {
+        "GetTask" => {
+            let task_id = task_id(&params).map_err(fail)?;
+            let history = history_length(&params).map_err(fail)?;
+            let shape = Shape {
+                history,
+                artifacts: true,
+            };
+            let task = blocking(move || {
+                let view = View::open(&who.gateway.bridge)?;
+                let request = visible(&view, &who, &task_id)?;
+                task_of(&view, &request, shape)
+            })
+            .await
+            .map_err(fail)?;
+            Ok(answer(task))
+        }
+        "ListTasks" => {
+            let listed = blocking(move || list(&who, &params)).await.map_err(fail)?;
+            Ok(answer(listed))
+        }
+        "CancelTask" => {
+            let task_id = task_id(&params).map_err(fail)?;
+            let task = cancel(&who, task_id).await.map_err(fail)?;
+            Ok(answer(task))
+        }
+        "SendMessage" => {
+            let (sent, immediately, shape) = send_message(&who, &params).await.map_err(fail)?;
+            if !immediately {
+                settled(&who, &sent).await.map_err(fail)?;
+            }
+            let task = current_task(&who, sent, shape).await.map_err(fail)?;
+            Ok(answer(json!({ "task": task })))
+        }
+        "SendStreamingMessage" => {
+            let permit = stream_permit(&who).map_err(fail)?;
+            let (sent, _, _) = send_message(&who, &params).await.map_err(fail)?;
+            Ok(stream(who, sent, id.clone(), permit).await.map_err(fail)?)
+        }
+        "SubscribeToTask" => {
+            let task_id = task_id(&params).map_err(fail)?;
+            let permit = stream_permit(&who).map_err(fail)?;
+            let check = who.clone();
+            let checked = task_id.clone();
+            blocking(move || {
+                let view = View::open(&check.gateway.bridge)?;
+                let request = visible(&view, &check, &checked)?;
+                if request.state.is_terminal() {
+                    return Err(RpcError::unsupported(format!(
+                        "task '{checked}' is {}: a closed task has no updates to stream",
+                        request.state.as_str()
+                    )));
+                }
+                Ok(())
+            })
+            .await
+            .map_err(fail)?;
+            Ok(stream(who, task_id, id.clone(), permit)
+                .await
+                .map_err(fail)?)
+        }
+        "CreateTaskPushNotificationConfig"
+        | "GetTaskPushNotificationConfig"
+        | "ListTaskPushNotificationConfigs"
+        | "DeleteTaskPushNotificationConfig" => Err(fail(RpcError::push_not_supported())),
+        "GetExtendedAgentCard" => Err(fail(RpcError::extended_card_not_configured())),
+        other => Err(fail(RpcError::method_not_found(other))),
+    }
+}
+
+/// Run store work off the async runtime; a store error is an internal error that says what.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, RpcError> + Send + 'static,
+) -> Result<T, RpcError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|join| Err(RpcError::internal(join.to_string())))
+}
+
+impl From<doorbell_store::Error> for RpcError {
+    fn from(error: doorbell_store::Error) -> RpcError {
+        match error {
+            doorbell_store::Error::Refused { message } => RpcError::invalid_params(message),
+            other => RpcError::internal(other.to_string()),
+        }
+    }
+}
+
+fn task_id(params: &Value) -> Result<String, RpcError> {
+    params
+        .get("id")
+        .and_then(Value::as_str)
+        .filter(|id| !id.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| RpcError::invalid_params("params.id (the task's id) is required"))
+}
+
+fn history_length(params: &Value) -> Result<Option<usize>, RpcError> {
+    match params.get("historyLength") {
+        None | Some(Value::Null) => Ok(None),
+        Some(n) => n
+            .as_u64()
+            .map(|n| Some(n as usize))
+            .ok_or_else(|| RpcError::invalid_params("historyLength must be a number of messages")),
+    }
+}
+
+/// Request `id` when the caller may see it: a request from the caller to this station.
+/// Any other is "not found", so a caller learns nothing of another's tasks.
+fn visible(view: &View, who: &Who, id: &str) -> Result<Request, RpcError> {
+    match view.request(id) {
+        Some(request) if request.addressee == who.station && request.requester == who.caller => {
+            Ok(request.into_owned())
+        }
+        _ => Err(RpcError::task_not_found(id)),
+    }
+}
+
+fn task_of(view: &View, request: &Request, shape: Shape) -> Result<Value, RpcError> {
+    let conversation = view.conversation(request)?;
+    Ok(proto::task_json(request, &conversation, shape))
+}
+
+async fn current_task(who: &Who, id: String, shape: Shape) -> Result<Value, RpcError> {
+    let who = who.clone();
+    blocking(move || {
+        let view = View::open(&who.gateway.bridge)?;
+        let request = visible(&view, &who, &id)?;
+        task_of(&view, &request, shape)
+    })
+    .await
+}
+
+/// `ListTasks`: the caller's requests to this station, filtered, in id order, a page at a
+/// time (`pageToken` is the last id of the page before).
+fn list(who: &Who, params: &Value) -> Result<Value, RpcError> {
+    let context = params.get("contextId").and_then(Value::as_str);
+    let state = match params.get("status") {
+        None | Some(Value::Null) => None,
+        Some(status) => proto::parse_state(status)?,
+    };
+    let after = params
+        .get("statusTimestampAfter")
+        .and_then(Value::as_str)
+        .map(|t| {
+            chrono::DateTime::parse_from_rfc3339(t)
+                .map(|t| t.with_timezone(&chrono::Utc))
+                .map_err(|_| RpcError::invalid_params("statusTimestampAfter must be RFC 3339"))
+        })
+        .transpose()?;
+    let page_size = match params.get("pageSize").and_then(Value::as_u64) {
+        None | Some(0) => 50,
+        Some(n) if n <= 100 => n as usize,
+        Some(n) => {
+            return Err(RpcError::invalid_params(format!(
+                "pageSize {n} is over 100"
+            )))
+        }
+    };
+    let token = params
+        .get("pageToken")
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty());
+    let shape = Shape {
+        history: Some(history_length(params)?.unwrap_or(0)),
+        artifacts: params
+            .get("includeArtifacts")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+    };
+    let view = View::open(&who.gateway.bridge)?;
+    let matching: Vec<Request> = view
+        .requests_to(&who.station, Some(&who.caller))?
+        .into_iter()
+        .filter(|r| context.is_none_or(|c| r.context_id == c))
+        .filter(|r| state.is_none_or(|s| r.state == s))
+        .filter(|r| after.is_none_or(|t| r.state_since > t))
+        .collect();
+    let total = matching.len();
+    let rest: Vec<&Request> = matching
+        .iter()
+        .filter(|r| token.is_none_or(|t| r.id.as_str() > t))
+        .collect();
+    let page = &rest[..rest.len().min(page_size)];
+    let next = if rest.len() > page.len() {
+        page.last().map_or("", |r| r.id.as_str())
+    } else {
+        ""
+    };
+    let tasks = page
+        .iter()
+        .map(|r| task_of(&view, r, shape))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(json!({
+        "tasks": tasks,
+        "nextPageToken": next,
+        "pageSize": page_size,
+        "totalSize": total,
+    }))
+}
+
+/// `SendMessage`'s params as the bridge takes them, sent, and judged: the task's id, whether
+/// to answer at once, and what of the task to return.
+async fn send_message(who: &Who, params: &Value) -> Result<(String, bool, Shape), RpcError> {
+    let message = params
+        .get("message")
+        .ok_or_else(|| RpcError::invalid_params("params.message is required"))?;
+    let incoming = proto::incoming(message)?;
+    if let Some(claimed) = &incoming.claimed_from {
+        if *claimed != who.caller {
+            return Err(RpcError::invalid_params(format!(
+                "this token is '{}''s: a message over it cannot be from '{claimed}'",
+                who.caller
+            )));
+        }
+    }
+    let configuration = params.get("configuration");
+    let immediately = configuration
+        .and_then(|c| c.get("returnImmediately"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let shape = Shape {
+        history: match configuration {
+            Some(c) => history_length(c)?,
+            None => None,
+        },
+        artifacts: true,
+    };
+    let sender = who.clone();
+    let mut changes = who.gateway.changes.clone();
+    changes.borrow_and_update();
+    let (task, line) = blocking(move || send_incoming(&sender, incoming)).await?;
+    judged(who, &line, changes).await?;
+    Ok((task, immediately, shape))
+}
+
+/// Send `incoming` to the station as the caller: a new request, or naming an existing task,
+/// the requester's `working` when the task waits for input, else a note to it. Returns the
+/// task's id and the id of the line sent.
+fn send_incoming(who: &Who, incoming: proto::Incoming) -> Result<(String, String), RpcError> {
+    let id = incoming.message_id;
+    if !doorbell_core::is_id(&id) || doorbell_core::is_reserved_id(&id) {
+        return Err(RpcError::invalid_params(format!(
+            "messageId '{id}' cannot be a doorbell id (1-128 of A-Z a-z 0-9 . _ -)"
+        )));
+    }
+    let view = View::open(&who.gateway.bridge)?;
+    let base = send::Message {
+        from: Some(who.caller.clone()),
+        id: Some(id.clone()),
+        parts: incoming.parts,
+        role: Some(incoming.role.to_owned()),
+        priority: incoming.priority,
+        reply_by: incoming.reply_by,
+        ..send::Message::default()
+    };
+    let (task, message) = match incoming.task_id {
+        None => (
+            id.clone(),
+            send::Message {
+                to: vec![who.station.clone()],
+                kind: Some("request".into()),
+                context_id: incoming.context_id,
+                ..base
+            },
+        ),
+        Some(task) => {
+            let request = visible(&view, who, &task)?;
+            if incoming
+                .context_id
+                .as_ref()
+                .is_some_and(|c| *c != request.context_id)
+            {
+                return Err(RpcError::invalid_params(format!(
+                    "task '{task}' is in context '{}', not the message's",
+                    request.context_id
+                )));
+            }
+            if request.state.is_terminal() {
+                return Err(RpcError::unsupported(format!(
+                    "task '{task}' is {}: send a new message in context '{}' instead",
+                    request.state.as_str(),
+                    request.context_id
+                )));
+            }
+            let message = if request.state == State::InputRequired {
+                // The input it asked for: the requester's `working`.
+                let answer = view.answer(&task, Some(who.caller.clone()), "working")?;
+                answer_with(answer, base)
+            } else {
+                send::Message {
+                    to: vec![who.station.clone()],
+                    kind: Some("note".into()),
+                    correlates_to: Some(task.clone()),
+                    context_id: Some(request.context_id.clone()),
+                    priority: None,
+                    reply_by: None,
+                    ..base
+                }
+            };
+            (task, message)
+        }
+    };
+    view.send(&message)?;
+    Ok((task, id))
+}
+
+/// An answer's addressing with the message's id and content.
+fn answer_with(answer: send::Message, base: send::Message) -> send::Message {
+    send::Message {
+        id: base.id,
+        parts: base.parts,
+        role: base.role,
+        ..answer
+    }
+}
+
+/// Wait for the judge's verdict on line `id`: accepted (or a retry of an accepted line)
+/// is fine; refused is the caller's error.
+async fn judged(who: &Who, id: &str, mut changes: watch::Receiver<u64>) -> Result<(), RpcError> {
+    let deadline = Instant::now() + VERDICT_WITHIN;
+    loop {
+        let bridge = who.gateway.bridge.clone();
+        let line = id.to_owned();
+        let found = blocking(move || Ok(View::open(&bridge)?.message(&line)?)).await?;
+        if let Some(found) = found {
+            return match found.verdict {
+                Word::Refused => Err(RpcError::invalid_params(format!(
+                    "the bridge refused it: {}{}",
+                    found.reason.unwrap_or_default(),
+                    found.detail.map(|d| format!(": {d}")).unwrap_or_default()
+                ))),
+                _ => Ok(()),
+            };
+        }
+        if tokio::time::timeout_at(deadline, changes.changed())
+            .await
+            .is_err()
+        {
+            return Err(RpcError::internal(format!(
+                "sent '{id}', but the judge gave no verdict within {}s: GetTask will tell",
+                VERDICT_WITHIN.as_secs()
+            )));
+        }
+    }
+}
+
+/// A blocking send: wait until the task closes or asks for input, at most [`BLOCK_FOR`].
+async fn settled(who: &Who, task: &str) -> Result<(), RpcError> {
+    let deadline = Instant::now() + BLOCK_FOR;
+    let mut changes = who.gateway.changes.clone();
+    loop {
+        changes.borrow_and_update();
+        let bridge = who.gateway.bridge.clone();
+        let id = task.to_owned();
+        let state =
+            blocking(move || Ok(View::open(&bridge)?.request(&id).map(|r| r.state))).await?;
+        if state.is_none_or(|s| s.is_terminal() || proto::is_interrupted(s)) {
+            return Ok(());
+        }
+        if tokio::time::timeout_at(deadline, changes.changed())
+            .await
+            .is_err()
+        {
+            return Ok(());
+        }
+    }
+}
+
+/// `CancelTask`: the requester's `canceled`, once the judge accepted it.
+async fn cancel(who: &Who, task: String) -> Result<Value, RpcError> {
+    let sender = who.clone();
+    let mut changes = who.gateway.changes.clone();
+    changes.borrow_and_update();
+    let checked = task.clone();
+    let line = blocking(move || {
+        let view = View::open(&sender.gateway.bridge)?;
+        let request = visible(&view, &sender, &checked)?;
+        if request.state.is_terminal() {
+            return Err(RpcError::not_cancelable(&checked, request.state.as_str()));
+        }
+        let mut answer = view.answer(&checked, Some(sender.caller.clone()), "canceled")?;
+        let id = format!("{checked}.cancel");
+        answer.id = Some(id.clone());
+        answer.text = Some(format!("canceled by {} over A2A", sender.caller));
+        view.send(&answer)?;
+        Ok(id)
+    })
+    .await?;
+    judged(who, &line, changes).await?;
+    current_task(who, task, Shape::FULL).await
+}
+
+fn stream_permit(who: &Who) -> Result<tokio::sync::OwnedSemaphorePermit, RpcError> {
+    Arc::clone(&who.gateway.streams)
+        .try_acquire_owned()
+        .map_err(|_| {
+            RpcError::internal(format!(
+                "{MAX_STREAMS} streams are open already: close one, or GetTask"
+            ))
+        })
+}
+
+/// One SSE event: the JSON-RPC response carrying `result`, with the line's id as its own.
+fn event(rpc_id: &Value, id: &str, result: &Value) -> Event {
+    Event::default()
+        .id(id)
+        .data(rpc::result(rpc_id, result).to_string())
+}
+
+/// Stream task `task`: the Task as it stands first, then for each line of the station's
+/// side an artifact update (for data and files) and a status update, until the task closes
+/// or asks for input. A client that reconnects (`SubscribeToTask`) gets the whole history in
+/// the first Task, so no update is lost between two streams.
+async fn stream(
+    who: Who,
+    task: String,
+    rpc_id: Value,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Result<Response, RpcError> {
+    let mut changes = who.gateway.changes.clone();
+    changes.borrow_and_update();
+    let (request, first, mut sent) = load(&who, &task).await?;
+    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(16);
+    let last = sent.last().cloned().unwrap_or_else(|| task.clone());
+    tx.send(Ok(event(&rpc_id, &last, &json!({ "task": first }))))
+        .await
+        .map_err(|_| RpcError::internal("the stream closed"))?;
+    tokio::spawn(async move {
+        let _permit = permit;
+        let mut state = request.state;
+        let mut seen: HashSet<String> = sent.drain(..).collect();
+        while !(state.is_terminal() || proto::is_interrupted(state)) {
+            tokio::select! {
+                () = tx.closed() => return,
+                gone = changes.changed() => if gone.is_err() { return },
+            }
+            let Ok((request, conversation)) = conversation(&who, &task).await else {
+                return;
+            };
+            for message in &conversation {
+                if !seen.insert(message.row.id.clone()) {
+                    continue;
+                }
+                if let Some(artifact) = proto::artifact_json(message, &request) {
+                    let update = json!({ "artifactUpdate": {
+                        "taskId": request.id,
+                        "contextId": request.context_id,
+                        "artifact": artifact,
+                        "lastChunk": true,
+                    }});
+                    if tx
+                        .send(Ok(event(&rpc_id, &message.row.id, &update)))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                if message.row.kind == Kind::Response {
+                    state = message.row.state.unwrap_or(state);
+                }
+                let at = chrono::DateTime::from_timestamp_millis(message.row.seen_at)
+                    .unwrap_or_default();
+                let update = json!({ "statusUpdate": {
+                    "taskId": request.id,
+                    "contextId": request.context_id,
+                    "status": {
+                        "state": proto::state_name(state),
+                        "message": proto::message_json(message, &request),
+                        "timestamp": proto::timestamp(at),
+                    },
+                }});
+                if tx
+                    .send(Ok(event(&rpc_id, &message.row.id, &update)))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            state = request.state;
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+/// The task and the ids of its messages so far.
+async fn load(who: &Who, task: &str) -> Result<(Request, Value, Vec<String>), RpcError> {
+    let (request, conversation) = conversation(who, task).await?;
+    let ids = conversation.iter().map(|m| m.row.id.clone()).collect();
+    let first = proto::task_json(&request, &conversation, Shape::FULL);
+    Ok((request, first, ids))
+}
+
+async fn conversation(
+    who: &Who,
+    task: &str,
+) -> Result<(Request, Vec<doorbell_store::view::Message>), RpcError> {
+    let who = who.clone();
+    let task = task.to_owned();
+    blocking(move || {
+        let view = View::open(&who.gateway.bridge)?;
+        let request = visible(&view, &who, &task)?;
+        let conversation = view.conversation(&request)?;
+        Ok((request, conversation))
+    })
+    .await
+}

@@ -1,0 +1,474 @@
+//! The A2A gateway (DESIGN §11) against the real binary: the official Python SDK as a remote
+//! caller of `doorbell a2a serve`, bad requests over raw HTTP, and the gateway's refusals to
+//! start unsafely.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::util::{python, run, Bridge, Daemon};
+
+const TOKEN: &str = "design-token-0123456789";
+
+/// The config of a bridge whose station `web` is called by the remote `design`.
+fn config(bridge: &Bridge, extra: &str) {
+    let token = bridge.tmp.path().join("design.token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    bridge.config(&format!(
+        r#"
+[[agent]]
+name = "web"
+description = "Builds the web site"
+[[agent.skill]]
+id = "eta"
+name = "ETA"
+description = "When a page ships"
+tags = ["planning"]
+
+[[remote]]
+name = "design"
+token_file = "{}"
+{extra}
+"#,
+        token.display()
+    ));
+}
+
+/// The address in the line `serving A2A on http://ADDR/a2a/<station>`.
+fn address(line: &str) -> String {
+    let url = line.split("http://").nth(1).unwrap();
+    url.split('/').next().unwrap().to_owned()
+}
+
+/// `doorbell a2a serve` on a free loopback port, and its address.
+fn serve(bridge: &Bridge) -> (Daemon, String) {
+    let mut gateway = Daemon::spawn_saying(
+        bridge.command(&["a2a", "serve", "--listen", "127.0.0.1:0"]),
+        "serving A2A on",
+        Duration::from_secs(30),
+    );
+    let line = gateway.expect_stderr("serving A2A on", Duration::from_secs(1));
+    (gateway, address(&line))
+}
+
+#[test]
+fn the_python_sdk_sends_streams_lists_and_cancels_through_the_gateway() {
+    let bridge = Bridge::with_agents(&["web", "human"]);
+    config(&bridge, "");
+    let (_gateway, addr) = serve(&bridge);
+    let mut command = std::process::Command::new(python());
+    bridge.env(&mut command);
+    command
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/python/a2a_client.py"
+        ))
+        .arg(env!("CARGO_BIN_EXE_doorbell"))
+        .arg(format!("http://{addr}/a2a/web"))
+        .arg(TOKEN);
+    let ran = run(command, None);
+    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    let seen: Value = serde_json::from_str(ran.stdout.trim()).unwrap();
+
+    assert_eq!(
+        seen["card"],
+        json!({"name": "web", "streaming": true, "skills": ["eta"],
+               "url": format!("http://{addr}/a2a/web"), "version": "1.0"})
+    );
+    // The message is a request from design in web's inbox, and web's debt.
+    let first = seen["sent"]["id"].as_str().unwrap();
+    assert_eq!(seen["sent"]["state"], "TASK_STATE_SUBMITTED");
+    let request: Value = serde_json::from_slice(&bridge.lines("web")[0]).unwrap();
+    assert_eq!(
+        (&request["id"], &request["from"], &request["kind"]),
+        (&json!(first), &json!("design"), &json!("request"))
+    );
+    let debts = seen["debts"]["debts"].as_array().unwrap();
+    assert_eq!(debts.len(), 1, "{debts:?}");
+    assert_eq!(
+        (
+            &debts[0]["request"],
+            &debts[0]["debtor"],
+            &debts[0]["creditor"]
+        ),
+        (&json!(first), &json!("web"), &json!("design"))
+    );
+    assert_eq!(
+        seen["got"],
+        json!({"id": first, "context": first, "state": "TASK_STATE_SUBMITTED"})
+    );
+    // The stream: the task, web's working, its data as an artifact, then completed.
+    assert_eq!(
+        seen["streamed"],
+        json!([
+            {"kind": "task", "state": "TASK_STATE_SUBMITTED", "history": ["And the header?"]},
+            {"kind": "status", "state": "TASK_STATE_WORKING", "text": ["on it"]},
+            {"kind": "artifact", "data": [{"eta": "Friday"}]},
+            {"kind": "status", "state": "TASK_STATE_COMPLETED", "text": ["Friday"]},
+        ])
+    );
+    // Resumed after leaving: the first Task holds what was said meanwhile.
+    assert_eq!(
+        seen["resumed"],
+        json!([
+            {"kind": "task", "state": "TASK_STATE_WORKING", "history": ["Which font?", "looking"]},
+            {"kind": "status", "state": "TASK_STATE_INPUT_REQUIRED", "text": ["serif or sans?"]},
+        ])
+    );
+    assert_eq!(seen["input"], "TASK_STATE_WORKING");
+    assert_eq!(seen["total"], 3);
+    assert_eq!(seen["listed"].as_array().unwrap().len(), 3);
+    assert_eq!(seen["completed"].as_array().unwrap().len(), 2);
+    assert_eq!(seen["pages"], json!([2, 1, ""]));
+    assert_eq!(seen["canceled"], "TASK_STATE_CANCELED");
+    assert_eq!(seen["cancel_again"], "TaskNotCancelableError");
+    assert_eq!(seen["unknown"], "TaskNotFoundError");
+    assert_eq!(seen["raw_state"], "TASK_STATE_COMPLETED");
+    assert_eq!(
+        seen["raw_roles"],
+        json!(["ROLE_USER", "ROLE_AGENT", "ROLE_AGENT"])
+    );
+    // The bridge agrees: the first request canceled by design, nothing owed.
+    let shown = bridge.doorbell(&["show", first]).ok().to_owned();
+    assert!(shown.contains("canceled"), "{shown}");
+    assert!(!bridge.doorbell(&["debts"]).ok().contains(first));
+    assert!(bridge.doorbell(&["debts"]).ok().trim().lines().count() <= 1);
+}
+
+/// One HTTP/1.1 request over a fresh connection: the status and the body.
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.extend([name, ": ", value, "\r\n"]);
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    // A server may answer (and close) before it reads a large body.
+    let _ = stream.write_all(body);
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP status in {text:?}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+fn rpc(addr: &str, token: Option<&str>, body: &[u8]) -> (u16, Value) {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("A2A-Version", "1.0")];
+    if let Some(bearer) = &bearer {
+        headers.push(("Authorization", bearer));
+    }
+    let (status, body) = http(addr, "POST", "/a2a/web", &headers, body);
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+fn call(method: &str, params: &Value) -> Vec<u8> {
+    json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+        .to_string()
+        .into_bytes()
+}
+
+fn send(text: &str, extra: &Value) -> Value {
+    let mut message = json!({"messageId": ulid(), "role": "ROLE_USER", "parts": [{"text": text}]});
+    for (k, v) in extra.as_object().unwrap() {
+        message[k] = v.clone();
+    }
+    json!({"message": message, "configuration": {"returnImmediately": true}})
+}
+
+fn ulid() -> String {
+    ulid::Ulid::new().to_string()
+}
+
+/// A bad request and the answer it must get.
+struct Bad {
+    what: &'static str,
+    token: Option<&'static str>,
+    body: Vec<u8>,
+    status: u16,
+    code: i64,
+}
+
+/// Every kind of bad request, `task` being a task of the caller's.
+#[allow(clippy::too_many_lines)] // a table: one row per bad request
+fn bad_requests(task: &str) -> Vec<Bad> {
+    let deep = format!("{}1{}", "[".repeat(100), "]".repeat(100));
+    let huge = call(
+        "SendMessage",
+        &send(&"x".repeat(2 * 1024 * 1024 + 10), &json!({})),
+    );
+    let cases = [
+        (
+            "malformed JSON",
+            Some(TOKEN),
+            b"{\"jsonrpc\":".to_vec(),
+            200,
+            -32700,
+        ),
+        (
+            "not a request object",
+            Some(TOKEN),
+            b"[1,2]".to_vec(),
+            200,
+            -32600,
+        ),
+        (
+            "no method",
+            Some(TOKEN),
+            br#"{"jsonrpc":"2.0","id":1}"#.to_vec(),
+            200,
+            -32600,
+        ),
+        ("deep JSON", Some(TOKEN), deep.into_bytes(), 200, -32600),
+        ("oversized body", Some(TOKEN), huge, 200, -32600),
+        (
+            "unknown method",
+            Some(TOKEN),
+            call("message/send", &send("hi", &json!({}))),
+            200,
+            -32601,
+        ),
+        (
+            "no token",
+            None,
+            call("SendMessage", &send("hi", &json!({}))),
+            401,
+            -32600,
+        ),
+        (
+            "wrong token",
+            Some("not-the-token-at-all"),
+            call("SendMessage", &send("hi", &json!({}))),
+            401,
+            -32600,
+        ),
+        (
+            "another caller's name",
+            Some(TOKEN),
+            call(
+                "SendMessage",
+                &send("hi", &json!({"metadata": {"from": "human"}})),
+            ),
+            200,
+            -32602,
+        ),
+        (
+            "a reserved id",
+            Some(TOKEN),
+            call(
+                "SendMessage",
+                &json!({"message": {"messageId": "debt-loop:x", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}),
+            ),
+            200,
+            -32602,
+        ),
+        (
+            "no parts",
+            Some(TOKEN),
+            call(
+                "SendMessage",
+                &json!({"message": {"messageId": ulid(), "role": "ROLE_USER", "parts": []}}),
+            ),
+            200,
+            -32602,
+        ),
+        (
+            "unknown task",
+            Some(TOKEN),
+            call("GetTask", &json!({"id": "no-such-task"})),
+            200,
+            -32001,
+        ),
+        (
+            "a message to an unknown task",
+            Some(TOKEN),
+            call(
+                "SendMessage",
+                &send("hi", &json!({"taskId": "no-such-task"})),
+            ),
+            200,
+            -32001,
+        ),
+        (
+            "another context",
+            Some(TOKEN),
+            call(
+                "SendMessage",
+                &send("hi", &json!({"taskId": task, "contextId": "elsewhere"})),
+            ),
+            200,
+            -32602,
+        ),
+        (
+            "push notifications",
+            Some(TOKEN),
+            call(
+                "CreateTaskPushNotificationConfig",
+                &json!({"taskId": task, "url": "http://x"}),
+            ),
+            200,
+            -32003,
+        ),
+        (
+            "an unknown state",
+            Some(TOKEN),
+            call("ListTasks", &json!({"status": "completed"})),
+            200,
+            -32602,
+        ),
+    ];
+    cases
+        .into_iter()
+        .map(|(what, token, body, status, code)| Bad {
+            what,
+            token,
+            body,
+            status,
+            code,
+        })
+        .collect()
+}
+
+#[test]
+fn bad_requests_get_the_specs_errors_and_append_nothing() {
+    let bridge = Bridge::with_agents(&["web", "human"]);
+    config(&bridge, "[a2a]\nlisten = \"127.0.0.1:0\"\n");
+    // The daemon runs the gateway, as the config asks.
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let addr = address(&daemon.expect_stderr("serving A2A on", Duration::from_secs(5)));
+    let (status, ok) = rpc(
+        &addr,
+        Some(TOKEN),
+        &call("SendMessage", &send("a fine request", &json!({}))),
+    );
+    assert_eq!(status, 200, "{ok}");
+    let task = ok["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let before: Vec<Vec<Vec<u8>>> = ["web", "design", "human"]
+        .iter()
+        .map(|n| bridge.lines(n))
+        .collect();
+
+    for Bad {
+        what,
+        token,
+        body,
+        status: want_status,
+        code: want_code,
+    } in bad_requests(&task)
+    {
+        let (status, answer) = rpc(&addr, token, &body);
+        assert_eq!(status, want_status, "{what}: {answer}");
+        assert_eq!(answer["error"]["code"], want_code, "{what}: {answer}");
+        assert_eq!(answer["jsonrpc"], "2.0", "{what}: {answer}");
+        assert!(answer.get("result").is_none(), "{what}: {answer}");
+    }
+    // A version this gateway does not speak.
+    let (status, body) = http(
+        &addr,
+        "POST",
+        "/a2a/web",
+        &[
+            ("A2A-Version", "0.3"),
+            ("Authorization", &format!("Bearer {TOKEN}")),
+        ],
+        &call("GetTask", &json!({"id": task})),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"]["code"],
+        -32009
+    );
+    // A station that does not exist has no endpoint and no card.
+    let (status, _) = http(
+        &addr,
+        "GET",
+        "/a2a/nobody/.well-known/agent-card.json",
+        &[],
+        b"",
+    );
+    assert_eq!(status, 404);
+
+    // A cancel of a closed task is TaskNotCancelable, and appends nothing either.
+    bridge
+        .doorbell(&[
+            "reply",
+            &task,
+            "--from",
+            "web",
+            "--state",
+            "completed",
+            "done",
+        ])
+        .ok();
+    bridge.doorbell(&["wait", &task, "--timeout", "10s"]).ok();
+    let before: Vec<Vec<Vec<u8>>> = {
+        let mut after_reply = before;
+        after_reply[1] = bridge.lines("design");
+        after_reply
+    };
+    let (_, answer) = rpc(&addr, Some(TOKEN), &call("GetTask", &json!({"id": task})));
+    assert_eq!(answer["result"]["status"]["state"], "TASK_STATE_COMPLETED");
+    let (status, answer) = rpc(
+        &addr,
+        Some(TOKEN),
+        &call("CancelTask", &json!({"id": task})),
+    );
+    assert_eq!(
+        (status, &answer["error"]["code"]),
+        (200, &json!(-32002)),
+        "{answer}"
+    );
+    let (_, answer) = rpc(
+        &addr,
+        Some(TOKEN),
+        &call("SendMessage", &send("more", &json!({"taskId": task}))),
+    );
+    assert_eq!(answer["error"]["code"], -32004, "{answer}");
+    let after: Vec<Vec<Vec<u8>>> = ["web", "design", "human"]
+        .iter()
+        .map(|n| bridge.lines(n))
+        .collect();
+    assert_eq!(after, before, "a bad request appended a line");
+    // The token is never logged.
+    assert!(!daemon.stderr_so_far().join("\n").contains(TOKEN));
+}
+
+#[test]
+fn the_gateway_will_not_start_unsafely() {
+    let bridge = Bridge::with_agents(&["web"]);
+    bridge.config("");
+    let open = bridge.doorbell(&["a2a", "serve", "--listen", "0.0.0.0:0"]);
+    assert_ne!(open.code, 0);
+    assert!(open.stderr.contains("not loopback"), "{}", open.stderr);
+    config(&bridge, "");
+    let token = bridge.tmp.path().join("design.token");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let readable = bridge.doorbell(&["a2a", "serve", "--listen", "127.0.0.1:0"]);
+    assert_ne!(readable.code, 0);
+    assert!(readable.stderr.contains("chmod 600"), "{}", readable.stderr);
+    assert!(!readable.stderr.contains(TOKEN));
+}
