@@ -10,6 +10,7 @@ mod daemon;
 #[cfg(feature = "long")]
 mod disk;
 mod doorbell;
+mod federation;
 mod folder;
 mod generated;
 mod history;

@@ -37,6 +37,39 @@ pub fn acquire(bridge: &doorbell_store::Bridge, role: &str) -> anyhow::Result<Br
 
 const ROLE: &str = "doorbell daemon";
 
+/// The A2A side of the daemon: the gateway when the config has `[a2a] listen` (bound now, so
+/// a bad address stops the start), and a forwarder per `[[remote]]` with a `url`; both begin
+/// when the returned sender is told the daemon is ready.
+async fn a2a(bridge: &doorbell_store::Bridge) -> anyhow::Result<tokio::sync::oneshot::Sender<()>> {
+    let (started, ready) = tokio::sync::oneshot::channel::<()>();
+    doorbell_a2a::make_remote_inboxes(bridge)?;
+    let remotes = doorbell_a2a::forward::remotes(bridge)?;
+    let gateway = match bridge.config.a2a_listen {
+        Some(listen) => Some(doorbell_a2a::bind(bridge.clone(), listen).await?),
+        None => None,
+    };
+    let bridge = bridge.clone();
+    tokio::spawn(async move {
+        if ready.await.is_err() {
+            return;
+        }
+        if let Err(error) = doorbell_a2a::forward::start(&bridge, remotes) {
+            tracing::error!(%error, "the A2A forwarders did not start");
+        }
+        if let Some((listener, gateway)) = gateway {
+            eprintln!(
+                "doorbell: serving A2A on http://{}/a2a/<station>",
+                gateway.addr()
+            );
+            if let Err(error) = doorbell_a2a::serve(listener, gateway, std::future::pending()).await
+            {
+                tracing::error!(%error, "the A2A gateway stopped");
+            }
+        }
+    });
+    Ok(started)
+}
+
 pub fn run(session: &Session, config_path: Option<&Path>) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let lock = acquire(&bridge, ROLE)?;
@@ -59,27 +92,16 @@ pub fn run(session: &Session, config_path: Option<&Path>) -> anyhow::Result<i32>
                 _ = interrupt.recv() => {}
             }
         };
-        // The gateway, when the config asks for it, lives and ends with the daemon.
-        if let Some(listen) = bridge.config.a2a_listen {
-            let (listener, gateway) = doorbell_a2a::bind(bridge.clone(), listen).await?;
-            eprintln!(
-                "doorbell: serving A2A on http://{}/a2a/<station>",
-                gateway.addr()
-            );
-            tokio::spawn(async move {
-                if let Err(error) =
-                    doorbell_a2a::serve(listener, gateway, std::future::pending()).await
-                {
-                    tracing::error!(%error, "the A2A gateway stopped");
-                }
-            });
-        }
+        // The gateway and the forwarders start once the catch-up is done: a retry that
+        // comes at once is then judged against every line that came before it.
+        let started = a2a(&bridge).await?;
         let options = doorbell_daemon::Options {
             bridge,
             lock,
             config_path: config_path.map(Path::to_path_buf),
         };
-        let ready = |ready: &doorbell_daemon::Ready| {
+        let ready = move |ready: &doorbell_daemon::Ready| {
+            let _ = started.send(());
             eprintln!(
                 "doorbell: judging {} ({} inboxes; {} lines caught up)",
                 ready.dir.display(),

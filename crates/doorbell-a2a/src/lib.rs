@@ -6,11 +6,12 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+pub mod forward;
 pub mod proto;
 pub mod rpc;
 pub mod server;
 
-pub use server::{bind, serve, Gateway};
+pub use server::{bind, make_remote_inboxes, serve, Gateway};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -68,7 +68,7 @@ pub fn timestamp(at: DateTime<Utc>) -> String {
 }
 
 /// A part as A2A 1.0 writes it: one flat object whose member says what it is.
-fn part_json(part: &Part<'_>) -> Value {
+pub fn part_json(part: &Part<'_>) -> Value {
     match part {
         Part::Text(text) => json!({ "text": text }),
         Part::Data(data) => {
@@ -225,6 +225,11 @@ pub struct Incoming {
     pub priority: Option<u8>,
     /// `metadata.replyBy` (RFC 3339).
     pub reply_by: Option<String>,
+    /// `metadata.kind`: `note` (a note, to the station or to the task) or `response` (the
+    /// requester's answer, with `metadata.state`); absent, the gateway chooses.
+    pub kind: Option<String>,
+    /// `metadata.state`, for a `response`.
+    pub state: Option<String>,
 }
 
 fn string_field(object: &Map<String, Value>, key: &str) -> Result<Option<String>, RpcError> {
@@ -292,10 +297,20 @@ pub fn incoming(message: &Value) -> Result<Incoming, RpcError> {
         claimed_from: string_field(&metadata, "from")?,
         priority,
         reply_by: string_field(&metadata, "replyBy")?,
+        kind: match string_field(&metadata, "kind")? {
+            None => None,
+            Some(kind) if kind == "note" || kind == "response" => Some(kind),
+            Some(other) => {
+                return Err(RpcError::invalid_params(format!(
+                    "metadata.kind '{other}': a message is a note or a response here (a new message is a request)"
+                )))
+            }
+        },
+        state: string_field(&metadata, "state")?,
     })
 }
 
-fn incoming_part(i: usize, part: &Value) -> Result<send::Part, RpcError> {
+pub fn incoming_part(i: usize, part: &Value) -> Result<send::Part, RpcError> {
     let bad = |why: &str| RpcError::invalid_params(format!("message.parts[{i}]: {why}"));
     let object = part.as_object().ok_or_else(|| bad("a part is an object"))?;
     let name = |key: &str| object.get(key).and_then(Value::as_str).map(str::to_owned);

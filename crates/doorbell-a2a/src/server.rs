@@ -50,39 +50,61 @@ pub struct Gateway {
     streams: Arc<Semaphore>,
 }
 
-/// Read each `[[remote]]`'s token: a file only its owner can read, of at least 16 bytes.
+/// Read a token: a file only its owner can read, of at least 16 characters.
+pub(crate) fn read_token(name: &str, path: &std::path::Path) -> Result<String, Error> {
+    let bad = |why: String| Error::Token {
+        name: name.to_owned(),
+        path: path.to_path_buf(),
+        why,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(bad(format!(
+            "others can read it (mode {:o}): chmod 600 it",
+            meta.permissions().mode() & 0o777
+        )));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let token = text.trim();
+    if token.len() < 16 {
+        return Err(bad("a token is at least 16 characters".into()));
+    }
+    Ok(token.to_owned())
+}
+
+/// Each caller's token and name: the `[[remote]]` entries with a `token_file` and no `url`
+/// (a remote with a `url` is a bridge this one calls; its token is the one presented there).
 fn callers(bridge: &Bridge) -> Result<Vec<(Vec<u8>, String)>, Error> {
     let mut callers: Vec<(Vec<u8>, String)> = Vec::new();
     for remote in &bridge.config.remotes {
-        let Some(path) = &remote.token_file else {
+        let (Some(path), None) = (&remote.token_file, &remote.url) else {
             continue;
         };
-        let bad = |why: String| Error::Token {
-            name: remote.name.clone(),
-            path: path.clone(),
-            why,
-        };
-        let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
-        if meta.permissions().mode() & 0o077 != 0 {
-            return Err(bad(format!(
-                "others can read it (mode {:o}): chmod 600 it",
-                meta.permissions().mode() & 0o777
-            )));
-        }
-        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-        let token = text.trim();
-        if token.len() < 16 {
-            return Err(bad("a token is at least 16 characters".into()));
-        }
+        let token = read_token(&remote.name, path)?;
         if callers
             .iter()
             .any(|(t, _)| t.as_slice() == token.as_bytes())
         {
-            return Err(bad("another [[remote]] has the same token".into()));
+            return Err(Error::Token {
+                name: remote.name.clone(),
+                path: path.clone(),
+                why: "another [[remote]] has the same token".into(),
+            });
         }
-        callers.push((token.as_bytes().to_vec(), remote.name.clone()));
+        callers.push((token.into_bytes(), remote.name.clone()));
     }
     Ok(callers)
+}
+
+/// Make each `[[remote]]`'s inbox: a remote is a station like any other.
+pub fn make_remote_inboxes(bridge: &Bridge) -> Result<(), Error> {
+    for remote in &bridge.config.remotes {
+        match bridge.add_agent(&remote.name) {
+            Ok(_) | Err(doorbell_store::Error::AgentExists { .. }) => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(())
 }
 
 /// A thread that follows the bridge and bumps `changes` at every change; with no judge
@@ -123,12 +145,7 @@ pub async fn bind(
             "a2a: no [[remote]] has a token_file, so every call will be refused (docs/A2A.md)"
         );
     }
-    for remote in &bridge.config.remotes {
-        match bridge.add_agent(&remote.name) {
-            Ok(_) | Err(doorbell_store::Error::AgentExists { .. }) => {}
-            Err(error) => return Err(error.into()),
-        }
-    }
+    make_remote_inboxes(&bridge)?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| Error::Bind {
@@ -350,6 +367,12 @@ async fn dispatch(who: Who, call: Call) -> Result<Response, (Value, RpcError)> {
         }
         "SendMessage" => {
             let (sent, immediately, shape) = send_message(&who, &params).await.map_err(fail)?;
+            let sent = match sent {
+                Sent::Task(task) => task,
+                Sent::Note(note) => {
+                    return Ok(answer(json!({ "message": delivered(&who, &note) })))
+                }
+            };
             if !immediately {
                 settled(&who, &sent).await.map_err(fail)?;
             }
@@ -359,6 +382,14 @@ async fn dispatch(who: Who, call: Call) -> Result<Response, (Value, RpcError)> {
         "SendStreamingMessage" => {
             let permit = stream_permit(&who).map_err(fail)?;
             let (sent, _, _) = send_message(&who, &params).await.map_err(fail)?;
+            let sent = match sent {
+                Sent::Task(task) => task,
+                Sent::Note(note) => {
+                    let only = event(&id, &note, &json!({ "message": delivered(&who, &note) }));
+                    let events = tokio_stream::iter([Ok::<_, Infallible>(only)]);
+                    return Ok(Sse::new(events).into_response());
+                }
+            };
             Ok(stream(who, sent, id.clone(), permit).await.map_err(fail)?)
         }
         "SubscribeToTask" => {
@@ -525,7 +556,23 @@ fn list(who: &Who, params: &Value) -> Result<Value, RpcError> {
 
 /// `SendMessage`'s params as the bridge takes them, sent, and judged: the task's id, whether
 /// to answer at once, and what of the task to return.
-async fn send_message(who: &Who, params: &Value) -> Result<(String, bool, Shape), RpcError> {
+/// What a `SendMessage` made: a task (a request, or a line to one), or a note to the station.
+enum Sent {
+    Task(String),
+    Note(String),
+}
+
+/// The gateway's answer to a note: where it went.
+fn delivered(who: &Who, note: &str) -> Value {
+    json!({
+        "messageId": format!("{note}.delivered"),
+        "contextId": note,
+        "role": "ROLE_AGENT",
+        "parts": [{ "text": format!("delivered to {}'s inbox as note {note}", who.station) }],
+    })
+}
+
+async fn send_message(who: &Who, params: &Value) -> Result<(Sent, bool, Shape), RpcError> {
     let message = params
         .get("message")
         .ok_or_else(|| RpcError::invalid_params("params.message is required"))?;
@@ -555,13 +602,20 @@ async fn send_message(who: &Who, params: &Value) -> Result<(String, bool, Shape)
     changes.borrow_and_update();
     let (task, line) = blocking(move || send_incoming(&sender, incoming)).await?;
     judged(who, &line, changes).await?;
-    Ok((task, immediately, shape))
+    let sent = match task {
+        Some(task) => Sent::Task(task),
+        None => Sent::Note(line),
+    };
+    Ok((sent, immediately, shape))
 }
 
 /// Send `incoming` to the station as the caller: a new request, or naming an existing task,
 /// the requester's `working` when the task waits for input, else a note to it. Returns the
-/// task's id and the id of the line sent.
-fn send_incoming(who: &Who, incoming: proto::Incoming) -> Result<(String, String), RpcError> {
+/// task's id (none for a note to the station) and the id of the line sent.
+fn send_incoming(
+    who: &Who,
+    incoming: proto::Incoming,
+) -> Result<(Option<String>, String), RpcError> {
     let id = incoming.message_id;
     if !doorbell_core::is_id(&id) || doorbell_core::is_reserved_id(&id) {
         return Err(RpcError::invalid_params(format!(
@@ -578,9 +632,25 @@ fn send_incoming(who: &Who, incoming: proto::Incoming) -> Result<(String, String
         reply_by: incoming.reply_by,
         ..send::Message::default()
     };
-    let (task, message) = match incoming.task_id {
-        None => (
-            id.clone(),
+    let (task, message) = match (incoming.task_id, incoming.kind.as_deref()) {
+        (None, Some("note")) => (
+            None,
+            send::Message {
+                to: vec![who.station.clone()],
+                kind: Some("note".into()),
+                context_id: incoming.context_id,
+                priority: None,
+                reply_by: None,
+                ..base
+            },
+        ),
+        (None, Some(_)) => {
+            return Err(RpcError::invalid_params(
+                "a response names its task (message.taskId)",
+            ))
+        }
+        (None, None) => (
+            Some(id.clone()),
             send::Message {
                 to: vec![who.station.clone()],
                 kind: Some("request".into()),
@@ -588,7 +658,7 @@ fn send_incoming(who: &Who, incoming: proto::Incoming) -> Result<(String, String
                 ..base
             },
         ),
-        Some(task) => {
+        (Some(task), kind) => {
             let request = visible(&view, who, &task)?;
             if incoming
                 .context_id
@@ -607,12 +677,23 @@ fn send_incoming(who: &Who, incoming: proto::Incoming) -> Result<(String, String
                     request.context_id
                 )));
             }
-            let message = if request.state == State::InputRequired {
+            let answer = match (kind, incoming.state.as_deref()) {
+                (Some("response"), Some(state)) => Some(state),
+                (Some("response"), None) => {
+                    return Err(RpcError::invalid_params(
+                        "a response needs metadata.state (working, or canceled)",
+                    ))
+                }
                 // The input it asked for: the requester's `working`.
-                let answer = view.answer(&task, Some(who.caller.clone()), "working")?;
-                answer_with(answer, base)
-            } else {
-                send::Message {
+                (None, _) if request.state == State::InputRequired => Some("working"),
+                _ => None,
+            };
+            let message = match answer {
+                Some(state) => {
+                    let answer = view.answer(&task, Some(who.caller.clone()), state)?;
+                    answer_with(answer, base)
+                }
+                None => send::Message {
                     to: vec![who.station.clone()],
                     kind: Some("note".into()),
                     correlates_to: Some(task.clone()),
@@ -620,9 +701,9 @@ fn send_incoming(who: &Who, incoming: proto::Incoming) -> Result<(String, String
                     priority: None,
                     reply_by: None,
                     ..base
-                }
+                },
             };
-            (task, message)
+            (Some(task), message)
         }
     };
     view.send(&message)?;

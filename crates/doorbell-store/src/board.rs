@@ -60,6 +60,24 @@ impl AgentStatus {
     }
 }
 
+/// Why the daemon's forwarder last failed to reach remote `name`, when it did: what
+/// `.doorbell/remote-<name>.json` says.
+fn unreachable(bridge: &crate::Bridge, name: &str) -> Option<String> {
+    let path = bridge
+        .dir()
+        .join(crate::bridge::STATE_DIR)
+        .join(format!("remote-{name}.json"));
+    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    if state["reachable"] != false {
+        return None;
+    }
+    Some(format!(
+        "since {}: {}",
+        state["at"].as_str().unwrap_or("?"),
+        state["error"].as_str().unwrap_or("?")
+    ))
+}
+
 /// The bridge's status as `view` sees it.
 pub fn status(view: &mut View) -> Result<Status> {
     let bridge = view.bridge().clone();
@@ -122,6 +140,15 @@ pub fn status(view: &mut View) -> Result<Status> {
             "{} is not a regular file and is refused",
             path.display()
         ));
+    }
+    for remote in config.remotes.iter().filter(|r| r.url.is_some()) {
+        if let Some(why) = unreachable(&bridge, &remote.name) {
+            let waiting = agents.get(&remote.name).map_or(0, |a| a.unread);
+            warnings.push(format!(
+                "the remote '{}' cannot be reached ({why}); lines waiting for it: {waiting}, tried again with backoff",
+                remote.name
+            ));
+        }
     }
     if judge.is_none() {
         warnings.push("no daemon is running: messages are judged only when a command runs (doorbell daemon, or scripts/install)".to_owned());

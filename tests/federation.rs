@@ -1,0 +1,363 @@
+//! Two bridges in two folders, one conversation (DESIGN §11): bridge A has the station
+//! `design` and the remote `web`; bridge B has the station `web` and serves it over A2A to the
+//! caller `design`. Both run the real daemon; the exchange goes across, debts and rings hold
+//! on both sides, and SIGKILLs of either daemon lose and repeat nothing.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::util::{Bridge, Daemon};
+
+const TOKEN: &str = "design-at-b-0123456789";
+
+/// Bridge A (design's) and bridge B (web's), configured for each other, and B's port.
+struct Pair {
+    a: Bridge,
+    b: Bridge,
+    port: u16,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Pair {
+    fn new(debts: &str) -> Pair {
+        let a = Bridge::with_agents(&["design", "human"]);
+        let b = Bridge::with_agents(&["web", "human"]);
+        let port = free_port();
+        for (bridge, remote, listen) in [
+            (
+                &a,
+                format!("name = \"web\"\nurl = \"http://127.0.0.1:{port}/a2a/web\""),
+                String::new(),
+            ),
+            (
+                &b,
+                "name = \"design\"".to_owned(),
+                format!("[a2a]\nlisten = \"127.0.0.1:{port}\"\n"),
+            ),
+        ] {
+            let token = bridge.tmp.path().join("token");
+            std::fs::write(&token, TOKEN).unwrap();
+            std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+            bridge.config(&format!(
+                "{listen}[[remote]]\n{remote}\ntoken_file = \"{}\"\n{debts}\n",
+                token.display()
+            ));
+        }
+        Pair { a, b, port }
+    }
+
+    fn start_a(&self) -> Daemon {
+        Daemon::start(&self.a, &[])
+    }
+
+    fn start_b(&self) -> Daemon {
+        let mut daemon = Daemon::start(&self.b, &[]);
+        let line = daemon.expect_stderr("serving A2A on", Duration::from_secs(10));
+        assert!(line.contains(&format!("127.0.0.1:{}", self.port)), "{line}");
+        daemon
+    }
+}
+
+/// `debts --json` of a bridge: (request, debtor, creditor, state, rings) per debt.
+fn debts(bridge: &Bridge) -> Vec<(String, String, String, String, u64)> {
+    let doc: Value = serde_json::from_str(bridge.doorbell(&["debts", "--json"]).ok()).unwrap();
+    doc["debts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let s = |k: &str| d[k].as_str().unwrap().to_owned();
+            (
+                s("request"),
+                s("debtor"),
+                s("creditor"),
+                s("state"),
+                d["rings"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The station's side: wait for what arrives for `agent`, as its agent would.
+fn read_wait(bridge: &Bridge, agent: &str) -> Vec<Value> {
+    bridge
+        .doorbell(&["read", agent, "--wait", "--timeout", "30s", "--json"])
+        .ok()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["envelope"].clone())
+        .collect()
+}
+
+/// How many times each id occurs among an inbox's lines.
+fn ids(bridge: &Bridge, inbox: &str) -> BTreeMap<String, usize> {
+    let mut seen = BTreeMap::new();
+    for line in bridge.lines(inbox) {
+        let value: Value = serde_json::from_slice(&line).unwrap();
+        *seen
+            .entry(value["id"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    seen
+}
+
+#[test]
+fn the_seed_exchange_goes_across_with_debts_and_rings_on_both_sides() {
+    let pair = Pair::new("[debts]\nring_after = \"2s\"\n");
+    let _b = pair.start_b();
+    let _a = pair.start_a();
+    let id = pair
+        .a
+        .doorbell(&[
+            "send",
+            "--to",
+            "web",
+            "--from",
+            "design",
+            "--kind",
+            "request",
+            "ETA for the footer?",
+        ])
+        .ok()
+        .trim()
+        .to_owned();
+    // It arrives at web's station on B, from design, once.
+    let arrived = read_wait(&pair.b, "web");
+    assert_eq!(arrived.len(), 1, "{arrived:?}");
+    assert_eq!(
+        (&arrived[0]["id"], &arrived[0]["from"]),
+        (&Value::from(id.clone()), &Value::from("design"))
+    );
+    assert_eq!(
+        arrived[0]["message"]["parts"][0]["text"],
+        "ETA for the footer?"
+    );
+    // Both sides: web owes design.
+    for bridge in [&pair.a, &pair.b] {
+        let owed = debts(bridge);
+        assert_eq!(owed.len(), 1, "{owed:?}");
+        assert_eq!(
+            (owed[0].0.as_str(), owed[0].1.as_str(), owed[0].2.as_str()),
+            (id.as_str(), "web", "design")
+        );
+    }
+    // web stays silent: B's doorbell rings web.
+    let rung = read_wait(&pair.b, "web");
+    assert_eq!(rung[0]["from"], "debt-loop", "{rung:?}");
+    assert_eq!(rung[0]["correlatesTo"], Value::from(id.clone()));
+    assert!(debts(&pair.b)[0].4 >= 1);
+    // web answers working, then completed; design's wait on A ends completed.
+    pair.b
+        .doorbell(&["reply", &id, "--from", "web", "--state", "working", "on it"])
+        .ok();
+    pair.b
+        .doorbell(&[
+            "reply",
+            &id,
+            "--from",
+            "web",
+            "--state",
+            "completed",
+            "--data",
+            r#"{"eta":"Friday"}"#,
+            "Friday",
+        ])
+        .ok();
+    let waited = pair.a.doorbell(&["wait", &id, "--timeout", "30s"]);
+    assert_eq!(waited.code, 0, "{}{}", waited.stdout, waited.stderr);
+    assert!(waited.stdout.contains("completed"), "{}", waited.stdout);
+    let answers = read_wait(&pair.a, "design");
+    let said: Vec<(&str, &str)> = answers
+        .iter()
+        .map(|m| {
+            (
+                m["state"].as_str().unwrap(),
+                m["message"]["parts"][0]["text"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(said, [("working", "on it"), ("completed", "Friday")]);
+    assert_eq!(answers[1]["message"]["parts"][1]["data"]["eta"], "Friday");
+    assert!(answers.iter().all(|m| m["from"] == "web"));
+    assert!(debts(&pair.a).is_empty());
+    assert!(debts(&pair.b).is_empty());
+}
+
+#[test]
+fn an_unreachable_remote_waits_in_status_and_nothing_is_dropped() {
+    let pair = Pair::new("");
+    let mut a = pair.start_a();
+    let id = pair
+        .a
+        .doorbell(&[
+            "send",
+            "--to",
+            "web",
+            "--from",
+            "design",
+            "--kind",
+            "request",
+            "anyone there?",
+        ])
+        .ok()
+        .trim()
+        .to_owned();
+    // B is not running: A says so, and keeps the line.
+    a.expect_stderr("the remote cannot be reached", Duration::from_secs(10));
+    let said = pair.a.doorbell(&["status"]).stderr;
+    assert!(
+        said.contains("the remote 'web' cannot be reached"),
+        "{said}"
+    );
+    assert!(said.contains("lines waiting for it: 1"), "{said}");
+    // B comes up: the line goes across, once.
+    let _b = pair.start_b();
+    let arrived = read_wait(&pair.b, "web");
+    assert_eq!(arrived.len(), 1);
+    assert_eq!(arrived[0]["id"], Value::from(id));
+}
+
+/// Exchanges between the two bridges while either daemon is killed (SIGKILL) at random moments;
+/// at the end every request and every answer is in its inbox exactly once, and nothing is
+/// owed on either side.
+fn exchanges_survive_sigkills(exchanges: usize, seed: u64) {
+    let pair = Pair::new("");
+    let mut a = Some(pair.start_a());
+    let mut b = Some(pair.start_b());
+    let mut rng = seed;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let mut sent = Vec::new();
+    for round in 0..exchanges {
+        let id = format!("q-{seed}-{round}");
+        // A kill of A or B at a random point of this round's steps, then a restart.
+        let victim = next(2);
+        let at_step = next(4);
+        let delay = Duration::from_millis(next(60));
+        let steps: [&dyn Fn(); 4] = [
+            &|| {
+                pair.a
+                    .doorbell(&[
+                        "send", "--to", "web", "--from", "design", "--kind", "request", "--id",
+                        &id, "ETA?",
+                    ])
+                    .ok();
+            },
+            &|| {
+                let arrived = read_wait(&pair.b, "web");
+                assert!(
+                    arrived.iter().any(|m| m["id"] == id.as_str()),
+                    "{arrived:?}"
+                );
+            },
+            &|| {
+                pair.b
+                    .doorbell(&["reply", &id, "--from", "web", "--state", "working", "on it"])
+                    .ok();
+            },
+            &|| {
+                pair.b
+                    .doorbell(&[
+                        "reply",
+                        &id,
+                        "--from",
+                        "web",
+                        "--state",
+                        "completed",
+                        "done",
+                    ])
+                    .ok();
+            },
+        ];
+        for (step, run) in steps.iter().enumerate() {
+            if step as u64 == at_step {
+                let daemon = if victim == 0 { a.take() } else { b.take() };
+                let pair = &pair;
+                let restarted = std::thread::scope(|scope| {
+                    let killer = scope.spawn(move || {
+                        // A random moment within the step: chaos, not a wait for a result.
+                        std::thread::sleep(delay);
+                        drop(daemon);
+                        if victim == 0 {
+                            pair.start_a()
+                        } else {
+                            pair.start_b()
+                        }
+                    });
+                    run();
+                    killer.join().unwrap()
+                });
+                if victim == 0 {
+                    a = Some(restarted);
+                } else {
+                    b = Some(restarted);
+                }
+            } else {
+                run();
+            }
+        }
+        let waited = pair.a.doorbell(&["wait", &id, "--timeout", "60s"]);
+        assert_eq!(
+            waited.code, 0,
+            "round {round}: {}{}",
+            waited.stdout, waited.stderr
+        );
+        sent.push(id);
+    }
+    each_once(&pair, &sent);
+    drop((a, b));
+}
+
+/// Every request once on each side; every answer once in design's inbox on A, and nothing
+/// else there; nothing owed on either side.
+fn each_once(pair: &Pair, sent: &[String]) {
+    let at_b = ids(&pair.b, "web");
+    let at_a = ids(&pair.a, "design");
+    let answers = ids(&pair.b, "design");
+    for id in sent {
+        assert_eq!(at_b.get(id), Some(&1), "{id} in B's web inbox: {at_b:?}");
+        assert_eq!(ids(&pair.a, "web").get(id), Some(&1));
+    }
+    assert_eq!(answers.len(), 2 * sent.len(), "{answers:?}");
+    for (answer, n) in &answers {
+        assert_eq!(*n, 1);
+        assert_eq!(
+            at_a.get(answer),
+            Some(&1),
+            "{answer} in A's design inbox: {at_a:?}"
+        );
+    }
+    assert_eq!(
+        at_a.len(),
+        answers.len(),
+        "A's design inbox holds only the answers: {at_a:?}"
+    );
+    assert!(debts(&pair.a).is_empty());
+    assert!(debts(&pair.b).is_empty());
+}
+
+#[test]
+fn sigkills_of_either_daemon_lose_and_repeat_nothing() {
+    exchanges_survive_sigkills(8, 0x9E37_79B9_7F4A_7C15);
+}
+
+#[cfg(feature = "long")]
+#[test]
+fn sigkills_of_either_daemon_lose_and_repeat_nothing_long() {
+    for seed in 1..=6 {
+        exchanges_survive_sigkills(20, seed * 0x2545_F491_4F6C_DD1D);
+    }
+}
