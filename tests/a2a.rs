@@ -472,3 +472,82 @@ fn the_gateway_will_not_start_unsafely() {
     assert!(readable.stderr.contains("chmod 600"), "{}", readable.stderr);
     assert!(!readable.stderr.contains(TOKEN));
 }
+
+#[test]
+fn export_gives_the_ledgers_requests_as_a2a_tasks() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let ask = |text: &str| {
+        bridge
+            .doorbell(&[
+                "send", "--to", "web", "--from", "design", "--kind", "request", text,
+            ])
+            .ok()
+            .trim()
+            .to_owned()
+    };
+    let done = ask("ETA for the footer?");
+    let open = ask("And the header?");
+    bridge
+        .doorbell(&[
+            "reply",
+            &done,
+            "--from",
+            "web",
+            "--state",
+            "completed",
+            "--data",
+            r#"{"eta":"Friday"}"#,
+            "Friday",
+        ])
+        .ok();
+    let export = |args: &[&str]| -> Vec<Value> {
+        let mut all = vec!["export", "--a2a"];
+        all.extend_from_slice(args);
+        bridge
+            .doorbell(&all)
+            .ok()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let tasks = export(&[]);
+    let mut ids = vec![done.clone(), open.clone()];
+    ids.sort();
+    assert_eq!(
+        tasks
+            .iter()
+            .map(|t| t["id"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ids
+    );
+    let finished = tasks.iter().find(|t| t["id"] == done.as_str()).unwrap();
+    assert_eq!(finished["status"]["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(finished["history"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        finished["artifacts"][0]["parts"][0]["data"],
+        json!({"eta": "Friday"})
+    );
+    // Every line parses strictly as the SDK's protobuf Task.
+    let mut strict = std::process::Command::new(python());
+    strict.arg("-c").arg(
+        "import json, sys\nfrom google.protobuf import json_format\nfrom a2a.types import a2a_pb2 as pb\nfor line in sys.stdin:\n    json_format.ParseDict(json.loads(line), pb.Task())\nprint('parsed')",
+    );
+    let lines = bridge.doorbell(&["export", "--a2a"]).ok().to_owned();
+    let parsed = run(strict, Some(lines.as_bytes()));
+    assert_eq!(parsed.stdout.trim(), "parsed", "{}", parsed.stderr);
+    // As A2A 0.3: kinds, lowercase states and roles, files nested.
+    let old = export(&["--version", "0.3"]);
+    let finished = old.iter().find(|t| t["id"] == done.as_str()).unwrap();
+    assert_eq!(
+        (&finished["kind"], &finished["status"]["state"]),
+        (&json!("task"), &json!("completed"))
+    );
+    assert_eq!(finished["history"][0]["kind"], "message");
+    assert_eq!(finished["history"][0]["role"], "user");
+    assert_eq!(finished["history"][1]["role"], "agent");
+    assert_eq!(finished["history"][1]["parts"][0]["kind"], "text");
+    assert_eq!(finished["history"][1]["parts"][1]["kind"], "data");
+    // --since: the requests open now or closed since then.
+    assert_eq!(export(&["--since", "1h"]).len(), 2);
+    assert_eq!(export(&["--since", "2999-01-01T00:00:00Z"]).len(), 1);
+}

@@ -59,6 +59,8 @@ pub enum Command {
     Hook(HookArgs),
     /// Serve MCP on stdin and stdout as one agent: send, reply, read, wait, debts, show, status
     Mcp(McpArgs),
+    /// Print the ledger's requests as A2A Tasks with their messages, one JSON line each
+    Export(ExportArgs),
     /// The A2A 1.0 gateway: every station an A2A agent for the config's [[remote]] callers
     #[command(subcommand)]
     A2a(A2aCommand),
@@ -334,6 +336,20 @@ pub struct DaemonArgs {
     pub once: bool,
 }
 
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// As A2A Tasks (the one format there is)
+    #[arg(long, required = true)]
+    pub a2a: bool,
+    /// Only requests open now or closed since: a duration back from now (24h) or an RFC 3339
+    /// time (default: every request)
+    #[arg(long, value_name = "TIME")]
+    pub since: Option<String>,
+    /// The A2A version of the JSON: 1.0 (its `ProtoJSON`) or 0.3
+    #[arg(long, value_name = "VERSION", default_value = "1.0", value_parser = ["1.0", "0.3"])]
+    pub version: String,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum A2aCommand {
     /// Serve A2A over HTTP until SIGTERM or SIGINT (the daemon does too, with [a2a] listen)
@@ -382,6 +398,7 @@ impl Cli {
             // A hook never fails its harness's turn: errors are said on stderr, no decision.
             Command::Hook(args) => Ok(crate::hook::run(dir.as_deref(), config.as_deref(), &args)),
             Command::Mcp(args) => crate::mcp::run(session()?, &args.agent),
+            Command::Export(args) => crate::export::run(&session()?, &args),
             Command::A2a(A2aCommand::Serve { listen }) => crate::a2a::serve(&session()?, listen),
             Command::Setup(args) => crate::setup::run(&session()?, &args),
             Command::Agent(AgentCommand::Add { name }) => crate::agent::add(&session()?, &name),

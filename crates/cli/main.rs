@@ -9,6 +9,7 @@ mod args;
 mod check;
 mod daemon;
 mod exit;
+mod export;
 mod hook;
 mod mcp;
 mod read;

@@ -14,15 +14,20 @@ use crate::args::{ReportArgs, ReportFormat};
 use crate::exit::{refused, OK};
 use crate::session::{view, Session};
 
+/// A time argument: an RFC 3339 time, or a duration back from `now` (`24h`).
+pub fn time_back(flag: &str, text: &str, now: DateTime<Utc>) -> anyhow::Result<DateTime<Utc>> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(text) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    let back = doorbell_core::duration::parse_duration(text)
+        .map_err(|e| refused(format!("{flag}: {e}; or give an RFC 3339 time")))?;
+    Ok(now - chrono::Duration::from_std(back).unwrap_or(chrono::Duration::MAX))
+}
+
 /// The window's start: `--since`, else the last daily report, else 24 hours ago.
 fn since(bridge: &Bridge, args: &ReportArgs, now: DateTime<Utc>) -> anyhow::Result<DateTime<Utc>> {
     if let Some(since) = &args.since {
-        if let Ok(t) = DateTime::parse_from_rfc3339(since) {
-            return Ok(t.with_timezone(&Utc));
-        }
-        let back = doorbell_core::duration::parse_duration(since)
-            .map_err(|e| refused(format!("--since: {e}; or give an RFC 3339 time")))?;
-        return Ok(now - chrono::Duration::from_std(back).unwrap_or(chrono::Duration::MAX));
+        return time_back("--since", since, now);
     }
     let last = reports::daily_reports(bridge)?
         .last()

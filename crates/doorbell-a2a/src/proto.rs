@@ -415,3 +415,84 @@ pub fn agent_card(config: &doorbell_store::Config, station: &str, url: &str) -> 
         "skills": skills,
     })
 }
+
+/// A 1.0 Task as A2A 0.3 JSON writes it: `kind` on every object, lowercase states and roles,
+/// parts tagged by `kind` with files nested under `file`.
+#[must_use]
+pub fn v03_task(task: &Value) -> Value {
+    let mut out = task.clone();
+    out["kind"] = json!("task");
+    if let Some(state) = task["status"]["state"].as_str() {
+        out["status"]["state"] = json!(v03_state(state));
+    }
+    if let Some(message) = task["status"].get("message") {
+        out["status"]["message"] = v03_message(message);
+    }
+    if let Some(history) = task["history"].as_array() {
+        out["history"] = history.iter().map(v03_message).collect();
+    }
+    if let Some(artifacts) = task["artifacts"].as_array() {
+        out["artifacts"] = artifacts
+            .iter()
+            .map(|a| {
+                let mut a = a.clone();
+                a["parts"] = a["parts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(v03_part)
+                    .collect();
+                a
+            })
+            .collect();
+    }
+    out
+}
+
+fn v03_state(state: &str) -> String {
+    state
+        .strip_prefix("TASK_STATE_")
+        .unwrap_or("unknown")
+        .to_lowercase()
+        .replace('_', "-")
+}
+
+fn v03_message(message: &Value) -> Value {
+    let mut out = message.clone();
+    out["kind"] = json!("message");
+    out["role"] = json!(if message["role"] == "ROLE_USER" {
+        "user"
+    } else {
+        "agent"
+    });
+    out["parts"] = message["parts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(v03_part)
+        .collect();
+    out
+}
+
+fn v03_part(part: &Value) -> Value {
+    if let Some(text) = part.get("text") {
+        return json!({ "kind": "text", "text": text });
+    }
+    if let Some(data) = part.get("data") {
+        return json!({ "kind": "data", "data": data });
+    }
+    let mut file = Map::new();
+    if let Some(name) = part.get("filename") {
+        file.insert("name".into(), name.clone());
+    }
+    if let Some(media) = part.get("mediaType") {
+        file.insert("mimeType".into(), media.clone());
+    }
+    if let Some(url) = part.get("url") {
+        file.insert("uri".into(), url.clone());
+    }
+    if let Some(raw) = part.get("raw") {
+        file.insert("bytes".into(), raw.clone());
+    }
+    json!({ "kind": "file", "file": file })
+}
