@@ -551,3 +551,61 @@ fn export_gives_the_ledgers_requests_as_a2a_tasks() {
     assert_eq!(export(&["--since", "1h"]).len(), 2);
     assert_eq!(export(&["--since", "2999-01-01T00:00:00Z"]).len(), 1);
 }
+
+/// Read from `stream` until what was read so far satisfies `enough`.
+fn read_until(stream: &mut std::net::TcpStream, enough: impl Fn(&str) -> bool) -> String {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !enough(&String::from_utf8_lossy(&seen)) {
+        let n = stream.read(&mut buf).unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+#[test]
+fn open_streams_are_bounded() {
+    let bridge = Bridge::with_agents(&["web", "human"]);
+    config(&bridge, "");
+    let (_gateway, addr) = serve(&bridge);
+    let (_, sent) = rpc(
+        &addr,
+        Some(TOKEN),
+        &call("SendMessage", &send("a long one", &json!({}))),
+    );
+    let task = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let subscribe = call("SubscribeToTask", &json!({"id": task}));
+    let open = |n: usize| -> Vec<(std::net::TcpStream, String)> {
+        (0..n)
+            .map(|_| {
+                let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+                stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                let head = format!(
+                    "POST /a2a/web HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                    subscribe.len()
+                );
+                stream.write_all(head.as_bytes()).unwrap();
+                stream.write_all(&subscribe).unwrap();
+                // The head of the answer, then the first event (the task) or the error.
+                let seen = read_until(&mut stream, |text| {
+                    text.contains("\r\n\r\n")
+                        && (text.contains("\"task\"") || text.contains("\"error\""))
+                        && text.trim_end().ends_with(['}', '\n'])
+                });
+                (stream, seen)
+            })
+            .collect()
+    };
+    let streams = open(64);
+    assert!(
+        streams
+            .iter()
+            .all(|(_, head)| head.contains("text/event-stream") && head.contains("\"task\"")),
+        "{:?}",
+        streams.iter().map(|(_, h)| h).collect::<Vec<_>>()
+    );
+    let over = open(1);
+    assert!(over[0].1.contains("\"code\":-32603"), "{}", over[0].1);
+    assert!(over[0].1.contains("64 streams are open"), "{}", over[0].1);
+}
