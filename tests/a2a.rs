@@ -476,15 +476,7 @@ fn the_gateway_will_not_start_unsafely() {
 #[test]
 fn export_gives_the_ledgers_requests_as_a2a_tasks() {
     let bridge = Bridge::with_agents(&["web", "design"]);
-    let ask = |text: &str| {
-        bridge
-            .doorbell(&[
-                "send", "--to", "web", "--from", "design", "--kind", "request", text,
-            ])
-            .ok()
-            .trim()
-            .to_owned()
-    };
+    let ask = |text: &str| bridge.request("design", "web", text);
     let done = ask("ETA for the footer?");
     let open = ask("And the header?");
     bridge

@@ -115,21 +115,7 @@ fn the_seed_exchange_goes_across_with_debts_and_rings_on_both_sides() {
     let pair = Pair::new("[debts]\nring_after = \"2s\"\n");
     let _b = pair.start_b();
     let _a = pair.start_a();
-    let id = pair
-        .a
-        .doorbell(&[
-            "send",
-            "--to",
-            "web",
-            "--from",
-            "design",
-            "--kind",
-            "request",
-            "ETA for the footer?",
-        ])
-        .ok()
-        .trim()
-        .to_owned();
+    let id = pair.a.request("design", "web", "ETA for the footer?");
     // It arrives at web's station on B, from design, once.
     let arrived = read_wait(&pair.b, "web");
     assert_eq!(arrived.len(), 1, "{arrived:?}");
@@ -196,21 +182,7 @@ fn the_seed_exchange_goes_across_with_debts_and_rings_on_both_sides() {
 fn an_unreachable_remote_waits_in_status_and_nothing_is_dropped() {
     let pair = Pair::new("");
     let mut a = pair.start_a();
-    let id = pair
-        .a
-        .doorbell(&[
-            "send",
-            "--to",
-            "web",
-            "--from",
-            "design",
-            "--kind",
-            "request",
-            "anyone there?",
-        ])
-        .ok()
-        .trim()
-        .to_owned();
+    let id = pair.a.request("design", "web", "anyone there?");
     // B is not running: A says so, and keeps the line.
     a.expect_stderr("the remote cannot be reached", Duration::from_secs(10));
     let said = pair.a.doorbell(&["status"]).stderr;

@@ -151,6 +151,17 @@ impl Bridge {
             .to_owned()
     }
 
+    /// `doorbell send --to TO --from FROM --kind request TEXT`, which must succeed; its id.
+    #[track_caller]
+    pub fn request(&self, from: &str, to: &str, text: &str) -> String {
+        self.doorbell(&[
+            "send", "--to", to, "--from", from, "--kind", "request", text,
+        ])
+        .ok()
+        .trim()
+        .to_owned()
+    }
+
     /// Run `doorbell ARGS` with `stdin` as its standard input.
     pub fn doorbell_stdin(&self, args: &[&str], stdin: &[u8]) -> Run {
         run(self.command(args), Some(stdin))
