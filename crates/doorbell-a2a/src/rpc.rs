@@ -126,40 +126,10 @@ pub struct Call {
     pub params: Value,
 }
 
-/// Whether `bytes` (JSON) nests deeper than `max` arrays and objects. Brackets inside
-/// strings do not count; the text need not be valid JSON.
-#[must_use]
-pub fn too_deep(bytes: &[u8], max: usize) -> bool {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for &b in bytes {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                if depth > max {
-                    return true;
-                }
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    false
-}
-
 /// Parse a request body: bounded nesting, then JSON, then the JSON-RPC frame. The error
 /// comes with the id when the frame had one.
 pub fn parse(body: &[u8]) -> Result<Call, (Value, RpcError)> {
-    if too_deep(body, MAX_DEPTH) {
+    if doorbell_core::judge::nests_deeper_than(body, MAX_DEPTH) {
         return Err((
             Value::Null,
             RpcError::invalid_request(format!("the request nests deeper than {MAX_DEPTH}")),
@@ -211,13 +181,6 @@ pub fn parse(body: &[u8]) -> Result<Call, (Value, RpcError)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn nesting_is_counted_outside_strings_only() {
-        assert!(!too_deep(br#"{"a":[{"b":"[[[[[[[["}]}"#, 3));
-        assert!(too_deep(br#"{"a":[{"b":[1]}]}"#, 3));
-        assert!(!too_deep(br#"{"a":"\"[[[[","b":{}}"#, 2));
-    }
 
     #[test]
     fn a_frame_is_checked_before_its_method() {

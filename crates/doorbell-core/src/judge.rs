@@ -141,10 +141,18 @@ fn parse_json(text: &str) -> Result<EnvelopeDe<'_>, Refusal> {
 
 /// Whether JSON text nests arrays and objects deeper than [`MAX_DEPTH`]. `serde_json` limits
 /// the depth of what it builds, but not of values it skips (unknown fields, `data`), so the
-/// judge checks the whole line. Lines with few brackets are cleared by a quick count.
+/// judge checks the whole line.
 fn too_deep(bytes: &[u8]) -> bool {
+    nests_deeper_than(bytes, MAX_DEPTH)
+}
+
+/// Whether JSON text nests arrays and objects deeper than `max`. Brackets inside strings do
+/// not count; the text need not be valid JSON. Text with few brackets is cleared by a quick
+/// count.
+#[must_use]
+pub fn nests_deeper_than(bytes: &[u8], max: usize) -> bool {
     let brackets = bytes.iter().filter(|&&b| b == b'[' || b == b'{').count();
-    if brackets <= MAX_DEPTH {
+    if brackets <= max {
         return false;
     }
     let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
@@ -163,7 +171,7 @@ fn too_deep(bytes: &[u8]) -> bool {
             b'"' => in_string = true,
             b'[' | b'{' => {
                 depth += 1;
-                if depth > MAX_DEPTH {
+                if depth > max {
                     return true;
                 }
             }
