@@ -17,6 +17,7 @@ mod history;
 mod hooks;
 mod mcp;
 mod model;
+mod order;
 mod read;
 mod script;
 mod security;

@@ -35,6 +35,7 @@ use crate::journal::{
 };
 use crate::reader::{Line, LineReader};
 use crate::refused::RefusedLog;
+use crate::turns::{Pending, Place, Turns};
 use crate::{Bridge, BridgeLock, Error, Result};
 
 /// At most this many inbox files are kept open (to drain a replaced file's old inode).
@@ -141,11 +142,18 @@ struct Held {
 }
 
 /// The lines held in one sweep, by the request they wait for, and their ids (a later line
-/// with a held id waits in the same place).
+/// with a held id waits in the same place); and the responses that wait for their turn in a
+/// crossing conversation (`turns.rs`).
 #[derive(Debug, Default)]
 struct HeldLines {
     by_request: HashMap<String, Vec<Held>>,
     ids: HashMap<String, String>,
+    turns: Turns,
+    waiting: HashMap<Place, Held>,
+    /// Waiting lines whose turn came, to be judged by the outermost judging of a line (so
+    /// that a long run of them is a loop, not a recursion).
+    ready: std::collections::VecDeque<Place>,
+    releasing: bool,
 }
 
 impl HeldLines {
@@ -165,6 +173,26 @@ impl HeldLines {
 
     fn is_empty(&self) -> bool {
         self.by_request.is_empty()
+    }
+
+    /// Keep the line at `place` aside when it is a response whose turn has not come.
+    fn wait_for_turn(&mut self, place: &Place, bytes: &[u8]) -> bool {
+        if self.turns.may_judge(place) {
+            return false;
+        }
+        let (inbox, gen, offset) = place.clone();
+        let id = identity_of(bytes).0.unwrap_or_default();
+        self.waiting.insert(
+            place.clone(),
+            Held {
+                inbox,
+                gen,
+                offset,
+                bytes: bytes.to_vec(),
+                id,
+            },
+        );
+        true
     }
 }
 
@@ -427,6 +455,11 @@ impl Judge {
         if names.iter().any(|name| !self.inbox_names.contains(name)) {
             self.refresh_registry()?;
         }
+        // Lines waiting in several inboxes: the responses of a conversation that crosses
+        // them take turns, in the order they were written.
+        if names.len() > 1 {
+            held.turns = self.turns(names);
+        }
         for name in names {
             self.sweep_one(name, now, &mut held, &mut stats)?;
         }
@@ -452,6 +485,15 @@ impl Judge {
                 .extend(rest.drain(..).map(|line| line.inbox));
         }
         rest.sort_by(|a, b| (&a.inbox, a.offset).cmp(&(&b.inbox, b.offset)));
+        // What still waits for its turn (the line before it was never judged in this sweep)
+        // is judged now, in the order of the turns.
+        let mut waiting: Vec<(Option<(String, usize)>, Held)> = held
+            .waiting
+            .drain()
+            .map(|(place, line)| (held.turns.order_of(&place), line))
+            .collect();
+        waiting.sort_by(|a, b| a.0.cmp(&b.0));
+        rest.extend(waiting.into_iter().map(|(_, line)| line));
         for line in rest {
             self.judge_complete(
                 &line.inbox,
@@ -1025,6 +1067,12 @@ impl Judge {
             .flatten()
             .filter(|h| h.inbox == name && h.gen == gen)
             .map(|h| h.offset)
+            .chain(
+                held.waiting
+                    .keys()
+                    .filter(|(inbox, g, _)| inbox == name && *g == gen)
+                    .map(|(_, _, offset)| *offset),
+            )
             .collect();
         let mut reader = std::mem::replace(&mut self.reader, LineReader::new(0));
         let interrupt = Arc::clone(&self.interrupt);
@@ -1244,6 +1292,12 @@ impl Judge {
         mut held: Option<&mut HeldLines>,
         stats: &mut CatchUp,
     ) -> Result<()> {
+        let place: Place = (name.to_owned(), gen, offset);
+        if let Some(held) = held.as_deref_mut() {
+            if held.wait_for_turn(&place, bytes) {
+                return Ok(());
+            }
+        }
         let (verdict, envelope, sealed) = self.judge_bytes(name, bytes);
         if let (Some(envelope), Some(held)) = (&envelope, held.as_deref_mut()) {
             let unknown_request = matches!(
@@ -1324,8 +1378,11 @@ impl Judge {
         self.record(
             name, gen, offset, span, &verdict, identity, accepted, now, stats,
         )?;
+        let Some(held) = held else {
+            return Ok(());
+        };
         // Lines that were waiting for this request can be judged now.
-        if let (Some(id), Some(held)) = (new_request, held) {
+        if let Some(id) = new_request {
             for line in held.release(&id) {
                 self.judge_complete(
                     &line.inbox,
@@ -1338,7 +1395,89 @@ impl Judge {
                 )?;
             }
         }
+        self.next_turn(held, &place, now, stats)
+    }
+
+    /// The line at `place` was judged: the next response of its conversation, if it waits,
+    /// has its turn. The outermost judging of a line judges what became ready, in a loop.
+    fn next_turn(
+        &mut self,
+        held: &mut HeldLines,
+        place: &Place,
+        now: DateTime<Utc>,
+        stats: &mut CatchUp,
+    ) -> Result<()> {
+        if let Some(next) = held.turns.judged(place) {
+            if held.waiting.contains_key(&next) {
+                held.ready.push_back(next);
+            }
+        }
+        if held.releasing {
+            return Ok(());
+        }
+        held.releasing = true;
+        while let Some(next) = held.ready.pop_front() {
+            let Some(line) = held.waiting.remove(&next) else {
+                continue;
+            };
+            self.judge_complete(
+                &line.inbox,
+                line.gen,
+                line.offset,
+                &line.bytes,
+                now,
+                Some(held),
+                stats,
+            )?;
+        }
+        held.releasing = false;
         Ok(())
+    }
+
+    /// The turns of the responses waiting in `names` (`turns.rs`): each inbox read from where
+    /// judging stopped, when its file is the one the journal knows.
+    fn turns(&self, names: &[String]) -> Turns {
+        let mut pending = Vec::new();
+        for name in names {
+            let Ok(path) = self.bridge.inbox_path(name) else {
+                continue;
+            };
+            let Ok(file) = open_inbox(&path, false) else {
+                continue;
+            };
+            let Ok(meta) = file.metadata() else {
+                continue;
+            };
+            let (gen, from, judged) = match self.snapshot.inboxes.get(name) {
+                Some(known) if (known.dev, known.ino) == (meta.dev(), meta.ino()) => {
+                    (known.gen, known.judged_to, Some(&known.judged_beyond))
+                }
+                // Replaced, moved or restored: its lines take no turns in this sweep.
+                Some(_) => continue,
+                None => (0, 0, None),
+            };
+            pending.push((name.as_str(), file, gen, from, judged));
+        }
+        let judged: Vec<Box<dyn Fn(u64) -> bool + '_>> = pending
+            .iter()
+            .map(|(_, _, _, _, judged)| {
+                let judged = *judged;
+                Box::new(move |offset| judged.is_some_and(|j| j.contains_key(&offset)))
+                    as Box<dyn Fn(u64) -> bool + '_>
+            })
+            .collect();
+        let inboxes: Vec<Pending<'_>> = pending
+            .into_iter()
+            .zip(&judged)
+            .map(|((name, file, gen, from, _), judged)| Pending {
+                name,
+                file,
+                gen,
+                from,
+                judged: judged.as_ref(),
+            })
+            .collect();
+        Turns::scan(&inboxes, self.limits.max_line_bytes)
     }
 
     /// The verdict on one complete line, and whether it is a line of the judge's own that

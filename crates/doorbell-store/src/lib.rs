@@ -29,6 +29,7 @@ pub mod reports;
 pub mod seal;
 pub mod segments;
 pub mod send;
+mod turns;
 pub mod view;
 
 pub use bridge::Bridge;

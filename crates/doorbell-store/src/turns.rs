@@ -1,0 +1,177 @@
+//! The order of crossing conversations in one sweep (DESIGN §8.3).
+//!
+//! A request's responses come from two inboxes: the addressee's answers sit in the
+//! requester's inbox, the requester's input and cancel in the addressee's. A judge that
+//! reads finished files inbox by inbox would judge one side's lines all before the other's,
+//! and refuse what a live judge, seeing the lines as they were appended, accepts (the
+//! requester's `working` after an `input-required` read later, a `completed` read before
+//! the input it followed).
+//!
+//! So before a sweep of several inboxes, the judge reads what waits in each and finds the
+//! requests answered from more than one of them. Their responses take turns: in the order
+//! of their senders' `createdAt`, each inbox's own order kept (a line never passes one
+//! written before it in its inbox, whatever its clock says). A response whose turn has not
+//! come waits; it is judged when the one before it has been, or at the end of the sweep,
+//! whatever happened: nothing waits forever. Only the order of judging changes; every line
+//! still gets its verdict from the rules.
+
+use std::collections::HashMap;
+use std::fs::File;
+
+use chrono::DateTime;
+use memchr::memmem;
+
+use crate::reader::{Line, LineReader};
+
+/// A line's place: its inbox, the inbox's generation, its offset.
+pub(crate) type Place = (String, u32, u64);
+
+/// An inbox to scan: its name, its file, its generation, and where judging stopped.
+pub(crate) struct Pending<'a> {
+    pub name: &'a str,
+    pub file: File,
+    pub gen: u32,
+    pub from: u64,
+    /// Lines past `from` already judged: not in any turn.
+    pub judged: &'a dyn Fn(u64) -> bool,
+}
+
+/// A response seen by the scan: the index of its inbox, its place, its sender's time.
+type Seen = (usize, Place, Option<i64>);
+
+#[derive(Debug, Default)]
+struct Queue {
+    lines: Vec<Place>,
+    next: usize,
+}
+
+/// The turns of one sweep.
+#[derive(Debug, Default)]
+pub(crate) struct Turns {
+    queues: HashMap<String, Queue>,
+    /// Each line in a turn, and the request whose turn it is in.
+    at: HashMap<Place, String>,
+}
+
+/// The value of a string field (`"key": "value"`) of a JSON line, found without parsing it.
+fn field<'a>(line: &'a [u8], key: &str) -> Option<&'a [u8]> {
+    let quoted = format!("\"{key}\"");
+    let at = memmem::find(line, quoted.as_bytes())? + quoted.len();
+    let rest = &line[at..];
+    let rest = rest
+        .trim_ascii_start()
+        .strip_prefix(b":")?
+        .trim_ascii_start();
+    let rest = rest.strip_prefix(b"\"")?;
+    let end = memchr::memchr(b'"', rest)?;
+    Some(&rest[..end])
+}
+
+/// What the turns need of a response line: its request and its sender's time.
+fn response_of(line: &[u8]) -> Option<(&[u8], Option<i64>)> {
+    if field(line, "kind")? != b"response" {
+        return None;
+    }
+    let request = field(line, "correlatesTo")?;
+    let at = field(line, "createdAt")
+        .and_then(|t| std::str::from_utf8(t).ok())
+        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| t.timestamp_millis());
+    Some((request, at))
+}
+
+impl Turns {
+    /// Read what waits in each inbox and give the responses of each request answered from
+    /// more than one of them their turns. A file that cannot be read gives no turns.
+    pub fn scan(inboxes: &[Pending<'_>], max_line_bytes: usize) -> Turns {
+        // Per request: each response's inbox (its index), place and time, in reading order.
+        let mut found: HashMap<Vec<u8>, Vec<Seen>> = HashMap::new();
+        let mut reader = LineReader::new(max_line_bytes);
+        for (index, pending) in inboxes.iter().enumerate() {
+            let _ = reader.read(&pending.file, pending.from, |line| -> std::io::Result<()> {
+                if let Line::Complete { offset, bytes } = line {
+                    if let Some((request, at)) = response_of(bytes) {
+                        if !(pending.judged)(offset) {
+                            let place = (pending.name.to_owned(), pending.gen, offset);
+                            found
+                                .entry(request.to_vec())
+                                .or_default()
+                                .push((index, place, at));
+                        }
+                    }
+                }
+                Ok(())
+            });
+        }
+        let mut turns = Turns::default();
+        for (request, lines) in found {
+            if lines.iter().all(|(index, _, _)| *index == lines[0].0) {
+                continue;
+            }
+            // Each inbox's times made never to go back, so that sorting by them keeps every
+            // inbox's own order; a line without a time takes the one before it.
+            let mut latest: HashMap<usize, i64> = HashMap::new();
+            let mut keyed: Vec<(i64, Place)> = lines
+                .into_iter()
+                .map(|(index, place, at)| {
+                    let last = latest.entry(index).or_insert(i64::MIN);
+                    *last = (*last).max(at.unwrap_or(i64::MIN));
+                    (*last, place)
+                })
+                .collect();
+            keyed.sort_by_key(|(at, _)| *at);
+            let Ok(request) = String::from_utf8(request) else {
+                continue;
+            };
+            let lines: Vec<Place> = keyed.into_iter().map(|(_, place)| place).collect();
+            for place in &lines {
+                turns.at.insert(place.clone(), request.clone());
+            }
+            turns.queues.insert(request, Queue { lines, next: 0 });
+        }
+        turns
+    }
+
+    /// Whether the line at `place` may be judged now: it takes no turn, or its turn came.
+    pub fn may_judge(&self, place: &Place) -> bool {
+        let Some(request) = self.at.get(place) else {
+            return true;
+        };
+        let queue = &self.queues[request];
+        queue.lines.get(queue.next) == Some(place)
+    }
+
+    /// The line at `place` was judged: its request's turn moves on. Returns the place whose
+    /// turn it is now.
+    pub fn judged(&mut self, place: &Place) -> Option<Place> {
+        let request = self.at.remove(place)?;
+        let queue = self.queues.get_mut(&request)?;
+        if queue.lines.get(queue.next) == Some(place) {
+            queue.next += 1;
+        }
+        queue.lines.get(queue.next).cloned()
+    }
+
+    /// Where `place` stands among the waiting: its request and its turn, for judging what
+    /// still waits at the end of a sweep in the order of the turns.
+    pub fn order_of(&self, place: &Place) -> Option<(String, usize)> {
+        let request = self.at.get(place)?;
+        let position = self.queues[request].lines.iter().position(|p| p == place)?;
+        Some((request.clone(), position))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_response_is_found_without_parsing_it() {
+        let line = br#"{"id":"s2","kind" : "response","correlatesTo":"r1","state":"working","createdAt":"2026-12-01T10:00:00.007Z"}"#;
+        let (request, at) = response_of(line).unwrap();
+        assert_eq!(request, b"r1");
+        assert_eq!(at, Some(1_796_119_200_007));
+        assert!(response_of(br#"{"kind":"note","correlatesTo":"r1"}"#).is_none());
+        assert!(response_of(br#"{"kind":"response"}"#).is_none());
+    }
+}
