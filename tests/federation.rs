@@ -1,6 +1,6 @@
 //! Two bridges in two folders, one conversation (DESIGN §11): bridge A has the station
-//! `design` and the remote `web`; bridge B has the station `web` and serves it over A2A to the
-//! caller `design`. Both run the real daemon; the exchange goes across, debts and rings hold
+//! `design` and the remote `web`; bridge B has the station `web` and the remote `design`.
+//! Each serves its station over A2A to the other. Both run the real daemon; the exchange goes across, debts and rings hold
 //! on both sides, and SIGKILLs of either daemon lose and repeat nothing.
 
 use std::collections::BTreeMap;
@@ -17,7 +17,8 @@ const TOKEN: &str = "design-at-b-0123456789";
 struct Pair {
     a: Bridge,
     b: Bridge,
-    port: u16,
+    /// Where A's and B's gateways listen.
+    ports: (u16, u16),
 }
 
 fn free_port() -> u16 {
@@ -32,19 +33,16 @@ impl Pair {
     fn new(debts: &str) -> Pair {
         let a = Bridge::with_agents(&["design", "human"]);
         let b = Bridge::with_agents(&["web", "human"]);
-        let port = free_port();
-        for (bridge, remote, listen) in [
-            (
-                &a,
-                format!("name = \"web\"\nurl = \"http://127.0.0.1:{port}/a2a/web\""),
-                String::new(),
-            ),
-            (
-                &b,
-                "name = \"design\"".to_owned(),
-                format!("[a2a]\nlisten = \"127.0.0.1:{port}\"\n"),
-            ),
+        let ports = (free_port(), free_port());
+        // Each side's remote is a station on the other bridge, and calls this one: one
+        // token, held by both, says so both ways.
+        for (bridge, remote, port, theirs) in [
+            (&a, "web", ports.0, ports.1),
+            (&b, "design", ports.1, ports.0),
         ] {
+            let remote =
+                format!("name = \"{remote}\"\nurl = \"http://127.0.0.1:{theirs}/a2a/{remote}\"");
+            let listen = format!("[a2a]\nlisten = \"127.0.0.1:{port}\"\n");
             let token = bridge.tmp.path().join("token");
             std::fs::write(&token, TOKEN).unwrap();
             std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -53,18 +51,22 @@ impl Pair {
                 token.display()
             ));
         }
-        Pair { a, b, port }
+        Pair { a, b, ports }
+    }
+
+    fn start(bridge: &Bridge, port: u16) -> Daemon {
+        let mut daemon = Daemon::start(bridge, &[]);
+        let line = daemon.expect_stderr("serving A2A on", Duration::from_secs(10));
+        assert!(line.contains(&format!("127.0.0.1:{port}")), "{line}");
+        daemon
     }
 
     fn start_a(&self) -> Daemon {
-        Daemon::start(&self.a, &[])
+        Pair::start(&self.a, self.ports.0)
     }
 
     fn start_b(&self) -> Daemon {
-        let mut daemon = Daemon::start(&self.b, &[]);
-        let line = daemon.expect_stderr("serving A2A on", Duration::from_secs(10));
-        assert!(line.contains(&format!("127.0.0.1:{}", self.port)), "{line}");
-        daemon
+        Pair::start(&self.b, self.ports.1)
     }
 }
 
@@ -176,6 +178,52 @@ fn the_seed_exchange_goes_across_with_debts_and_rings_on_both_sides() {
     assert!(answers.iter().all(|m| m["from"] == "web"));
     assert!(debts(&pair.a).is_empty());
     assert!(debts(&pair.b).is_empty());
+}
+
+#[test]
+fn the_other_bridge_asks_too() {
+    let pair = Pair::new("");
+    let _a = pair.start_a();
+    let _b = pair.start_b();
+    // web on B asks design on A; design answers on A; web's wait on B ends completed.
+    let id = pair.b.request("web", "design", "the logo, SVG or PNG?");
+    let arrived = read_wait(&pair.a, "design");
+    assert_eq!(
+        (&arrived[0]["id"], &arrived[0]["from"]),
+        (&Value::from(id.clone()), &Value::from("web"))
+    );
+    pair.a
+        .doorbell(&[
+            "reply",
+            &id,
+            "--from",
+            "design",
+            "--state",
+            "completed",
+            "SVG",
+        ])
+        .ok();
+    let waited = pair.b.doorbell(&["wait", &id, "--timeout", "30s"]);
+    assert_eq!(waited.code, 0, "{}{}", waited.stdout, waited.stderr);
+    let answer = read_wait(&pair.b, "web");
+    assert_eq!(answer.len(), 1, "{answer:?}");
+    assert_eq!(answer[0]["message"]["parts"][0]["text"], "SVG");
+    assert!(debts(&pair.a).is_empty());
+    assert!(debts(&pair.b).is_empty());
+}
+
+#[test]
+fn a_line_the_far_bridge_refuses_is_said_in_status() {
+    let pair = Pair::new("");
+    let mut a = pair.start_a();
+    let _b = pair.start_b();
+    // On B the token names design: a request from human on A cannot be from human there.
+    let id = pair.a.request("human", "web", "who is on call?");
+    a.expect_stderr("refused a line", Duration::from_secs(20));
+    let said = pair.a.doorbell(&["status"]).stderr;
+    assert!(said.contains("refused 1 lines"), "{said}");
+    assert!(said.contains(&id), "{said}");
+    assert!(!ids(&pair.b, "web").contains_key(&id));
 }
 
 #[test]

@@ -31,12 +31,22 @@ pub const POLL: Duration = Duration::from_secs(1);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
 /// A remote station on another bridge.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Remote {
     pub name: String,
     /// Its JSON-RPC endpoint on the far gateway.
     pub url: String,
     token: String,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.debug_struct("Remote")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The remotes to forward to: every `[[remote]]` with a `url` (each needs a `token_file`,
@@ -91,7 +101,13 @@ impl From<doorbell_store::Error> for Stop {
     }
 }
 
-/// A far JSON-RPC call's outcome: its result, or the far side's error (which is final).
+/// Whether a JSON-RPC error says the line itself is refused (bad params, no such task, a
+/// closed one, an unknown method or version) rather than that the far side failed.
+fn is_refusal(code: i64) -> bool {
+    matches!(code, -32600 | -32601 | -32602 | -32001 | -32004 | -32009)
+}
+
+/// A far JSON-RPC call's outcome: its result, or the far side's error.
 enum Answer {
     Result(Value),
     Error { code: i64, message: String },
@@ -104,6 +120,10 @@ struct Forwarder {
     /// Ids appended by this process, which the judge may not have journaled yet.
     appended: HashSet<String>,
     next_id: u64,
+    /// When the far tasks were last asked for news.
+    polled: Option<Instant>,
+    /// Lines the far bridge refused since this daemon started: how many, and the last.
+    refused: (u64, Option<String>),
 }
 
 impl Forwarder {
@@ -119,6 +139,8 @@ impl Forwarder {
             agent,
             appended: HashSet::new(),
             next_id: 0,
+            polled: None,
+            refused: (0, None),
         }
     }
 
@@ -155,26 +177,36 @@ impl Forwarder {
         }
     }
 
-    /// Say in `.doorbell/remote-<name>.json` whether the remote can be reached.
+    /// Say in `.doorbell/remote-<name>.json` whether the remote can be reached (and since
+    /// when it cannot), and what its bridge refused.
     fn note_state(&self, unreachable: Option<&str>) {
         let Ok(dir) = self.bridge.state_dir() else {
             return;
         };
         let path = dir.join(format!("remote-{}.json", self.remote.name));
+        let known = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+        let was_unreachable = known.as_ref().is_some_and(|k| k["reachable"] == false);
+        let since = match (&known, unreachable.is_some() && was_unreachable) {
+            (Some(known), true) => known["at"].clone(),
+            _ => json!(proto::timestamp(chrono::Utc::now())),
+        };
         let state = json!({
             "remote": self.remote.name,
             "url": self.remote.url,
             "reachable": unreachable.is_none(),
             "error": unreachable,
-            "at": proto::timestamp(chrono::Utc::now()),
+            "at": since,
+            "refused": self.refused.0,
+            "last_refused": self.refused.1,
         });
-        let known = std::fs::read(&path)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
         // Written when it changes, not at every poll.
-        if known
-            .is_some_and(|k| k["reachable"] == state["reachable"] && k["error"] == state["error"])
-        {
+        if known.is_some_and(|k| {
+            k["reachable"] == state["reachable"]
+                && k["error"] == state["error"]
+                && k["refused"] == state["refused"]
+        }) {
             return;
         }
         if let Err(error) =
@@ -187,6 +219,11 @@ impl Forwarder {
     fn turn(&mut self) -> Result<(), Stop> {
         let mut view = View::open(&self.bridge)?;
         self.forward(&view)?;
+        // The far side is asked for news once a POLL, however often things change here.
+        if self.polled.is_some_and(|at| at.elapsed() < POLL) {
+            return Ok(());
+        }
+        self.polled = Some(Instant::now());
         self.bring_back(&mut view)
     }
 
@@ -299,8 +336,19 @@ impl Forwarder {
         match self.call(method, &params)? {
             // Done; or a cancel that came after the far task closed: nothing more to do.
             Answer::Result(_) | Answer::Error { code: -32002, .. } => {}
+            // The far bridge failed, not the line: send it again later.
+            Answer::Error { code, message } if code == -32603 || !is_refusal(code) => {
+                return Err(Stop::Unreachable(format!(
+                    "{method}: error {code}: {message}"
+                )));
+            }
             Answer::Error { code, message } => {
-                tracing::warn!(remote = %self.remote.name, id = %envelope.id, code, %message, "a2a: the remote's bridge refused a line; it stays here");
+                tracing::warn!(remote = %self.remote.name, id = %envelope.id, code, %message, "a2a: the remote's bridge refused a line; it stays here, and status says so");
+                self.refused = (
+                    self.refused.0 + 1,
+                    Some(format!("{}: {message}", envelope.id)),
+                );
+                self.note_state(None);
             }
         }
         Ok(())
@@ -329,6 +377,25 @@ impl Forwarder {
     }
 
     fn bring_one(&mut self, view: &View, request: &Request, message: &Value) -> Result<(), Stop> {
+        match self.bring_one_of(view, request, message) {
+            // One answer that cannot be taken (a part no inbox holds) holds up no other.
+            Err(Stop::Local(why)) => {
+                tracing::warn!(remote = %self.remote.name, %why, "a2a: an answer from the remote is not taken");
+                if let Some(id) = message["messageId"].as_str() {
+                    self.appended.insert(id.to_owned());
+                }
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    fn bring_one_of(
+        &mut self,
+        view: &View,
+        request: &Request,
+        message: &Value,
+    ) -> Result<(), Stop> {
         let metadata = &message["metadata"];
         if message["role"] != "ROLE_AGENT" || metadata["from"] != json!(self.remote.name) {
             return Ok(());

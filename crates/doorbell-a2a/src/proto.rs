@@ -344,6 +344,12 @@ pub fn incoming_part(i: usize, part: &Value) -> Result<send::Part, RpcError> {
                 .as_str()
                 .ok_or_else(|| bad(&format!("{kind} must be a string")))?
                 .to_owned();
+            // ProtoJSON's bytes are base64 (standard or URL-safe): anything else would be
+            // written, then fail every strict client that reads the task.
+            let base64 = |b: u8| b.is_ascii_alphanumeric() || b"+/-_=".contains(&b);
+            if kind == "raw" && !text.bytes().all(base64) {
+                return Err(bad("raw must be base64"));
+            }
             let (uri, bytes) = if kind == "url" {
                 (Some(text), None)
             } else {

@@ -34,6 +34,10 @@ use crate::Error;
 
 /// The most streams open at once.
 pub const MAX_STREAMS: usize = 64;
+/// The most streams one caller has open at once.
+pub const MAX_STREAMS_PER_CALLER: usize = 16;
+/// The events a stream holds for a client that reads slowly.
+const STREAM_BACKLOG: usize = 256;
 /// How long a call waits for the judge's verdict on what it sent.
 pub const VERDICT_WITHIN: Duration = Duration::from_secs(5);
 /// How long a blocking `SendMessage` waits for the task to close or ask for input.
@@ -48,6 +52,7 @@ pub struct Gateway {
     /// Bumped whenever the journal (or, with no judge running, an inbox) changes.
     changes: watch::Receiver<u64>,
     streams: Arc<Semaphore>,
+    per_caller: std::sync::Mutex<std::collections::HashMap<String, Arc<Semaphore>>>,
 }
 
 /// Read a token: a file only its owner can read, of at least 16 characters.
@@ -72,12 +77,13 @@ pub(crate) fn read_token(name: &str, path: &std::path::Path) -> Result<String, E
     Ok(token.to_owned())
 }
 
-/// Each caller's token and name: the `[[remote]]` entries with a `token_file` and no `url`
-/// (a remote with a `url` is a bridge this one calls; its token is the one presented there).
+/// Each caller's token and name: every `[[remote]]` with a `token_file` (one with a `url`
+/// too: the same secret is presented there and accepted from there, so two bridges can ask
+/// each other).
 fn callers(bridge: &Bridge) -> Result<Vec<(Vec<u8>, String)>, Error> {
     let mut callers: Vec<(Vec<u8>, String)> = Vec::new();
     for remote in &bridge.config.remotes {
-        let (Some(path), None) = (&remote.token_file, &remote.url) else {
+        let Some(path) = &remote.token_file else {
             continue;
         };
         let token = read_token(&remote.name, path)?;
@@ -164,6 +170,7 @@ pub async fn bind(
         callers,
         changes,
         streams: Arc::new(Semaphore::new(MAX_STREAMS)),
+        per_caller: std::sync::Mutex::default(),
     };
     Ok((listener, Arc::new(gateway)))
 }
@@ -222,7 +229,15 @@ fn base_url(gateway: &Gateway, headers: &HeaderMap) -> String {
                     .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
         })
         .map_or_else(|| gateway.addr.to_string(), str::to_owned);
-    format!("http://{host}")
+    // Behind a TLS proxy the card must send callers (and their tokens) to https.
+    let scheme = match headers
+        .get("X-Forwarded-Proto")
+        .and_then(|h| h.to_str().ok())
+    {
+        Some(proto) if proto.eq_ignore_ascii_case("https") => "https",
+        _ => "http",
+    };
+    format!("{scheme}://{host}")
 }
 
 async fn card(
@@ -245,8 +260,10 @@ fn caller(gateway: &Gateway, headers: &HeaderMap) -> Result<String, &'static str
     let token = value
         .to_str()
         .ok()
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .ok_or("the Authorization header must be Bearer <token>")?
+        .1
         .trim()
         .as_bytes();
     let mut found = None;
@@ -374,6 +391,7 @@ async fn dispatch(who: Who, call: Call) -> Result<Response, (Value, RpcError)> {
                 }
             };
             if !immediately {
+                let _waiting = stream_permit(&who).map_err(fail)?;
                 settled(&who, &sent).await.map_err(fail)?;
             }
             let task = current_task(&who, sent, shape).await.map_err(fail)?;
@@ -472,8 +490,20 @@ fn visible(view: &View, who: &Who, id: &str) -> Result<Request, RpcError> {
 }
 
 fn task_of(view: &View, request: &Request, shape: Shape) -> Result<Value, RpcError> {
-    let conversation = view.conversation(request)?;
+    let conversation = between(view, request)?;
     Ok(proto::task_json(request, &conversation, shape))
+}
+
+/// The lines of a request between its two sides: the caller's, and those to the caller.
+/// Lines about it to others (rings to the station, a note to the human) are not the
+/// caller's to see.
+fn between(view: &View, request: &Request) -> Result<Vec<doorbell_store::view::Message>, RpcError> {
+    let mut conversation = view.conversation(request)?;
+    let client = request.requester_station();
+    conversation.retain(|m| {
+        m.row.from == request.requester || m.row.from == client || m.row.inbox == client
+    });
+    Ok(conversation)
 }
 
 async fn current_task(who: &Who, id: String, shape: Shape) -> Result<Value, RpcError> {
@@ -503,14 +533,17 @@ fn list(who: &Who, params: &Value) -> Result<Value, RpcError> {
                 .map_err(|_| RpcError::invalid_params("statusTimestampAfter must be RFC 3339"))
         })
         .transpose()?;
-    let page_size = match params.get("pageSize").and_then(Value::as_u64) {
-        None | Some(0) => 50,
-        Some(n) if n <= 100 => n as usize,
-        Some(n) => {
-            return Err(RpcError::invalid_params(format!(
-                "pageSize {n} is over 100"
-            )))
-        }
+    let page_size = match params.get("pageSize") {
+        None | Some(Value::Null) => 50,
+        Some(n) => match n.as_u64() {
+            Some(0) => 50,
+            Some(n) if n <= 100 => n as usize,
+            _ => {
+                return Err(RpcError::invalid_params(format!(
+                    "pageSize {n}: a number of tasks from 1 to 100"
+                )))
+            }
+        },
     };
     let token = params
         .get("pageToken")
@@ -600,22 +633,22 @@ async fn send_message(who: &Who, params: &Value) -> Result<(Sent, bool, Shape), 
     let sender = who.clone();
     let mut changes = who.gateway.changes.clone();
     changes.borrow_and_update();
-    let (task, line) = blocking(move || send_incoming(&sender, incoming)).await?;
-    judged(who, &line, changes).await?;
+    let (task, placed) = blocking(move || send_incoming(&sender, incoming)).await?;
+    judged(who, &placed, changes).await?;
     let sent = match task {
         Some(task) => Sent::Task(task),
-        None => Sent::Note(line),
+        None => Sent::Note(placed.id),
     };
     Ok((sent, immediately, shape))
 }
 
 /// Send `incoming` to the station as the caller: a new request, or naming an existing task,
 /// the requester's `working` when the task waits for input, else a note to it. Returns the
-/// task's id (none for a note to the station) and the id of the line sent.
+/// task's id (none for a note to the station) and where the line went.
 fn send_incoming(
     who: &Who,
     incoming: proto::Incoming,
-) -> Result<(Option<String>, String), RpcError> {
+) -> Result<(Option<String>, send::Placed), RpcError> {
     let id = incoming.message_id;
     if !doorbell_core::is_id(&id) || doorbell_core::is_reserved_id(&id) {
         return Err(RpcError::invalid_params(format!(
@@ -706,8 +739,12 @@ fn send_incoming(
             (Some(task), message)
         }
     };
-    view.send(&message)?;
-    Ok((task, id))
+    let placed = view
+        .send_placed(&message)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| RpcError::internal("nothing was sent"))?;
+    Ok((task, placed))
 }
 
 /// An answer's addressing with the message's id and content.
@@ -720,30 +757,39 @@ fn answer_with(answer: send::Message, base: send::Message) -> send::Message {
     }
 }
 
-/// Wait for the judge's verdict on line `id`: accepted (or a retry of an accepted line)
-/// is fine; refused is the caller's error.
-async fn judged(who: &Who, id: &str, mut changes: watch::Receiver<u64>) -> Result<(), RpcError> {
+/// Wait for the judge's verdict on the line sent (a retry of a delivered line, not written
+/// again, needs none): accepted or a duplicate is fine; refused is the caller's error.
+async fn judged(
+    who: &Who,
+    sent: &send::Placed,
+    mut changes: watch::Receiver<u64>,
+) -> Result<(), RpcError> {
+    let Some(offset) = sent.offset else {
+        return Ok(());
+    };
     let deadline = Instant::now() + VERDICT_WITHIN;
     loop {
         let bridge = who.gateway.bridge.clone();
-        let line = id.to_owned();
-        let found = blocking(move || Ok(View::open(&bridge)?.message(&line)?)).await?;
-        if let Some(found) = found {
-            return match found.verdict {
-                Word::Refused => Err(RpcError::invalid_params(format!(
-                    "the bridge refused it: {}{}",
-                    found.reason.unwrap_or_default(),
-                    found.detail.map(|d| format!(": {d}")).unwrap_or_default()
-                ))),
-                _ => Ok(()),
-            };
+        let (id, inbox) = (sent.id.clone(), sent.inbox.clone());
+        let verdict =
+            blocking(move || Ok(View::open(&bridge)?.verdict_at(&id, &inbox, offset)?)).await?;
+        match verdict {
+            Some((Word::Refused, reason)) => {
+                return Err(RpcError::invalid_params(format!(
+                    "the bridge refused it: {}",
+                    reason.unwrap_or_default()
+                )))
+            }
+            Some(_) => return Ok(()),
+            None => {}
         }
         if tokio::time::timeout_at(deadline, changes.changed())
             .await
             .is_err()
         {
             return Err(RpcError::internal(format!(
-                "sent '{id}', but the judge gave no verdict within {}s: GetTask will tell",
+                "sent '{}', but the judge gave no verdict within {}s: GetTask will tell",
+                sent.id,
                 VERDICT_WITHIN.as_secs()
             )));
         }
@@ -785,25 +831,50 @@ async fn cancel(who: &Who, task: String) -> Result<Value, RpcError> {
             return Err(RpcError::not_cancelable(&checked, request.state.as_str()));
         }
         let mut answer = view.answer(&checked, Some(sender.caller.clone()), "canceled")?;
-        let id = format!("{checked}.cancel");
-        answer.id = Some(id.clone());
+        answer.id = Some(format!("{checked}.cancel"));
         answer.text = Some(format!("canceled by {} over A2A", sender.caller));
-        view.send(&answer)?;
-        Ok(id)
+        view.send_placed(&answer)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| RpcError::internal("nothing was sent"))
     })
     .await?;
     judged(who, &line, changes).await?;
     current_task(who, task, Shape::FULL).await
 }
 
-fn stream_permit(who: &Who) -> Result<tokio::sync::OwnedSemaphorePermit, RpcError> {
-    Arc::clone(&who.gateway.streams)
+/// A place among the open streams (a blocking `SendMessage` takes one too): one of
+/// [`MAX_STREAMS`] in all and of [`MAX_STREAMS_PER_CALLER`] for the caller.
+struct Permit {
+    _all: tokio::sync::OwnedSemaphorePermit,
+    _caller: tokio::sync::OwnedSemaphorePermit,
+}
+
+fn stream_permit(who: &Who) -> Result<Permit, RpcError> {
+    let mine = Arc::clone(
+        who.gateway
+            .per_caller
+            .lock()
+            .expect("the streams' map is never poisoned")
+            .entry(who.caller.clone())
+            .or_insert_with(|| Arc::new(Semaphore::new(MAX_STREAMS_PER_CALLER))),
+    );
+    let caller = mine.try_acquire_owned().map_err(|_| {
+        RpcError::internal(format!(
+            "you have {MAX_STREAMS_PER_CALLER} streams open already: close one, or GetTask"
+        ))
+    })?;
+    let all = Arc::clone(&who.gateway.streams)
         .try_acquire_owned()
         .map_err(|_| {
             RpcError::internal(format!(
                 "{MAX_STREAMS} streams are open already: close one, or GetTask"
             ))
-        })
+        })?;
+    Ok(Permit {
+        _all: all,
+        _caller: caller,
+    })
 }
 
 /// One SSE event: the JSON-RPC response carrying `result`, with the line's id as its own.
@@ -821,12 +892,13 @@ async fn stream(
     who: Who,
     task: String,
     rpc_id: Value,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: Permit,
 ) -> Result<Response, RpcError> {
     let mut changes = who.gateway.changes.clone();
     changes.borrow_and_update();
     let (request, first, mut sent) = load(&who, &task).await?;
-    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(16);
+    // A client that falls this far behind (it does not read) loses its stream, and its place.
+    let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(STREAM_BACKLOG);
     let last = sent.last().cloned().unwrap_or_else(|| task.clone());
     tx.send(Ok(event(&rpc_id, &last, &json!({ "task": first }))))
         .await
@@ -855,8 +927,7 @@ async fn stream(
                         "lastChunk": true,
                     }});
                     if tx
-                        .send(Ok(event(&rpc_id, &message.row.id, &update)))
-                        .await
+                        .try_send(Ok(event(&rpc_id, &message.row.id, &update)))
                         .is_err()
                     {
                         return;
@@ -877,8 +948,7 @@ async fn stream(
                     },
                 }});
                 if tx
-                    .send(Ok(event(&rpc_id, &message.row.id, &update)))
-                    .await
+                    .try_send(Ok(event(&rpc_id, &message.row.id, &update)))
                     .is_err()
                 {
                     return;
@@ -910,7 +980,7 @@ async fn conversation(
     blocking(move || {
         let view = View::open(&who.gateway.bridge)?;
         let request = visible(&view, &who, &task)?;
-        let conversation = view.conversation(&request)?;
+        let conversation = between(&view, &request)?;
         Ok((request, conversation))
     })
     .await

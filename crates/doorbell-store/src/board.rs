@@ -60,14 +60,25 @@ impl AgentStatus {
     }
 }
 
-/// Why the daemon's forwarder last failed to reach remote `name`, when it did: what
-/// `.doorbell/remote-<name>.json` says.
-fn unreachable(bridge: &crate::Bridge, name: &str) -> Option<String> {
+/// What the daemon's forwarder last said of remote `name`: `.doorbell/remote-<name>.json`.
+fn remote_state(bridge: &crate::Bridge, name: &str) -> Option<serde_json::Value> {
     let path = bridge
         .dir()
         .join(crate::bridge::STATE_DIR)
         .join(format!("remote-{name}.json"));
-    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+/// How many lines remote `name`'s bridge refused, and the last, when it refused any.
+fn refused_by_remote(bridge: &crate::Bridge, name: &str) -> Option<(u64, String)> {
+    let state = remote_state(bridge, name)?;
+    let n = state["refused"].as_u64().filter(|n| *n > 0)?;
+    Some((n, state["last_refused"].as_str().unwrap_or("?").to_owned()))
+}
+
+/// Why the daemon's forwarder cannot reach remote `name`, and since when, when it cannot.
+fn unreachable(bridge: &crate::Bridge, name: &str) -> Option<String> {
+    let state = remote_state(bridge, name)?;
     if state["reachable"] != false {
         return None;
     }
@@ -142,6 +153,12 @@ pub fn status(view: &mut View) -> Result<Status> {
         ));
     }
     for remote in config.remotes.iter().filter(|r| r.url.is_some()) {
+        if let Some((n, last)) = refused_by_remote(&bridge, &remote.name) {
+            warnings.push(format!(
+                "the bridge of the remote '{}' refused {n} lines since the daemon started (the last: {last}); they stay in its inbox here, undelivered",
+                remote.name
+            ));
+        }
         if let Some(why) = unreachable(&bridge, &remote.name) {
             let waiting = agents.get(&remote.name).map_or(0, |a| a.unread);
             warnings.push(format!(

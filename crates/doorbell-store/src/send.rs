@@ -190,6 +190,24 @@ fn kind_of(kind: &str) -> doorbell_core::Kind {
 /// Send `message`: pre-check every recipient's line, then write them all. Returns the ids,
 /// one per recipient (a duplicate, already delivered, is not written again).
 pub fn send(bridge: &Bridge, view: Option<&View>, message: &Message) -> Result<Vec<String>> {
+    Ok(send_placed(bridge, view, message)?
+        .into_iter()
+        .map(|sent| sent.id)
+        .collect())
+}
+
+/// A line sent: its id, its inbox, and where it was appended (`None`: a duplicate of a line
+/// already delivered, not written again).
+#[derive(Debug, Clone)]
+pub struct Placed {
+    pub id: String,
+    pub inbox: String,
+    pub offset: Option<u64>,
+}
+
+/// [`send`], saying where each line went: a front end that waits for the judge's verdict on
+/// its own line looks for it there.
+pub fn send_placed(bridge: &Bridge, view: Option<&View>, message: &Message) -> Result<Vec<Placed>> {
     let (from, kind, recipients, registry) = checked(bridge, message)?;
     let now: DateTime<Utc> = Utc::now();
     let created_at = now.to_rfc3339_opts(SecondsFormat::Millis, true);
@@ -275,14 +293,19 @@ pub fn send(bridge: &Bridge, view: Option<&View>, message: &Message) -> Result<V
         }
     }
     // Every recipient passed the pre-check: now write. A duplicate was already delivered.
-    let mut ids = Vec::with_capacity(lines.len());
+    let mut placed = Vec::with_capacity(lines.len());
     for (to, id, line) in lines {
-        if let Some(line) = line {
-            append_line(&bridge.inbox_path(&to)?, line.as_bytes())?;
-        }
-        ids.push(id);
+        let offset = match line {
+            Some(line) => Some(append_line(&bridge.inbox_path(&to)?, line.as_bytes())?),
+            None => None,
+        };
+        placed.push(Placed {
+            id,
+            inbox: to,
+            offset,
+        });
     }
-    Ok(ids)
+    Ok(placed)
 }
 
 /// The inboxes a message goes to: each `--to`, or every station for `all`.
@@ -316,6 +339,11 @@ impl View {
     /// Send `message` with the pre-checks this view can make.
     pub fn send(&self, message: &Message) -> Result<Vec<String>> {
         send(self.bridge(), Some(self), message)
+    }
+
+    /// [`View::send`], saying where each line went.
+    pub fn send_placed(&self, message: &Message) -> Result<Vec<Placed>> {
+        send_placed(self.bridge(), Some(self), message)
     }
 
     /// The answer to request `id` from `from` with `state`, without its text yet: the

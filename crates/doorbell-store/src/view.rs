@@ -329,6 +329,52 @@ impl View {
         Ok(Some(Found { read, ..found }))
     }
 
+    /// The verdict on the line with id `id` at `offset` of `inbox` (its current file), with
+    /// the reason of a refusal: `None` while it is not judged yet.
+    pub fn verdict_at(
+        &self,
+        id: &str,
+        inbox: &str,
+        offset: u64,
+    ) -> Result<Option<(Word, Option<String>)>> {
+        let Some(journal) = self.snapshot.inboxes.get(inbox) else {
+            return Ok(None);
+        };
+        let gen = journal.gen;
+        if let Some(found) = self.message(id)? {
+            if found.verdict == Word::Accepted
+                && (found.inbox.as_str(), found.gen, found.offset) == (inbox, gen, offset)
+            {
+                return Ok(Some((Word::Accepted, None)));
+            }
+        }
+        let mut others = match self.snapshot.index() {
+            Some(index) => index.others_with_id(id)?,
+            None => Vec::new(),
+        };
+        others.extend(
+            self.snapshot
+                .unsaved_others_all()
+                .filter(|o| o.id.as_deref() == Some(id))
+                .cloned(),
+        );
+        Ok(others
+            .into_iter()
+            .find(|o| (o.inbox.as_str(), o.gen, o.offset) == (inbox, gen, offset))
+            .map(|o| {
+                let word = if o.duplicate {
+                    Word::Duplicate
+                } else {
+                    Word::Refused
+                };
+                let reason = match (o.reason, o.detail) {
+                    (Some(reason), Some(detail)) => Some(format!("{reason}: {detail}")),
+                    (reason, _) => reason,
+                };
+                (word, reason)
+            }))
+    }
+
     /// Whether `agent`'s cursor has passed `offset` of generation `gen`.
     fn has_read(&self, agent: &str, gen: u32, offset: u64) -> bool {
         let Some(journal) = self.snapshot.inboxes.get(agent) else {
