@@ -1,0 +1,430 @@
+//! Tailing: each inbox's current file (its generation, a replaced file drained first), its
+//! complete lines from where judging stopped, runs of blank lines, the judge's own long lines,
+//! the marks that know an inbox by its bytes.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use doorbell_core::{Limits, Refusal, RefusalReason, Verdict};
+
+use super::{CatchUp, HeldLines, Judge};
+use crate::append::open_inbox;
+use crate::hash::Marker;
+use crate::journal::{Record, Word};
+use crate::reader::{Line, LineReader};
+use crate::{Error, Result};
+
+/// At most this many inbox files are kept open (to drain a replaced file's old inode).
+pub(super) const OPEN_FILES: usize = 256;
+
+/// A line of nothing but white space: no message, never accepted.
+pub(crate) fn is_blank(bytes: &[u8]) -> bool {
+    bytes.iter().all(|b| matches!(b, b' ' | b'\t' | b'\r'))
+}
+
+/// An inbox file the judge keeps open.
+#[derive(Debug)]
+pub(super) struct OpenInbox {
+    pub(super) file: File,
+    pub(super) dev: u64,
+    pub(super) ino: u64,
+    pub(super) used: u64,
+}
+
+impl Judge {
+    /// The inbox now at `name`'s path, with its metadata, draining the file the judge had open
+    /// there when it was replaced or deleted since. The file already open is reused when the
+    /// path still names it.
+    pub(super) fn current_file(
+        &mut self,
+        name: &str,
+        now: DateTime<Utc>,
+        held: &mut HeldLines,
+        stats: &mut CatchUp,
+    ) -> Result<Option<(File, std::fs::Metadata)>> {
+        let path = self.bridge.inbox_path(name)?;
+        let at_path = match std::fs::symlink_metadata(&path) {
+            Ok(meta) => Some((meta.dev(), meta.ino())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Error::io("stat inbox", &path)(e)),
+        };
+        if let Some(open) = self.files.remove(name) {
+            if at_path == Some((open.dev, open.ino)) {
+                match open.file.metadata() {
+                    Ok(meta) => return Ok(Some((open.file, meta))),
+                    Err(e) => {
+                        self.files.insert(name.to_owned(), open);
+                        return Err(Error::io("stat inbox", &path)(e));
+                    }
+                }
+            }
+            if let Err(e) = self.drain(name, &open, now, held, stats) {
+                // Keep the old file: the next sweep, or a stopping judge, drains the rest.
+                self.files.insert(name.to_owned(), open);
+                return Err(e);
+            }
+        }
+        if at_path.is_none() {
+            return Ok(None);
+        }
+        let file = match open_inbox(&path, false) {
+            Ok(file) => file,
+            Err(Error::NotRegularFile { path }) => {
+                tracing::warn!(path = %path.display(), "refusing an inbox that is not a regular file");
+                return Ok(None);
+            }
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                // Gone: nothing waits for what it held any more.
+                if self.unreadable.remove(name) {
+                    self.readable_again = true;
+                }
+                return Ok(None);
+            }
+            // One unreadable inbox (its mode) never stops the others: said once, skipped
+            // until it can be read again, nothing of it judged meanwhile.
+            Err(Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                if self.unreadable.insert(name.to_owned()) {
+                    tracing::warn!(path = %path.display(), error = %source, "cannot read this inbox: skipping it, every other inbox is judged");
+                }
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        if self.unreadable.remove(name) {
+            tracing::warn!(path = %path.display(), "the inbox can be read again: judging it");
+            self.readable_again = true;
+        }
+        let meta = file.metadata().map_err(Error::io("stat inbox", &path))?;
+        Ok(Some((file, meta)))
+    }
+
+    /// Read a replaced or deleted inbox's old file to its end, as its own generation.
+    pub(super) fn drain(
+        &mut self,
+        name: &str,
+        old: &OpenInbox,
+        now: DateTime<Utc>,
+        held: &mut HeldLines,
+        stats: &mut CatchUp,
+    ) -> Result<()> {
+        let Some(journal) = self.snapshot.inboxes.get(name) else {
+            return Ok(());
+        };
+        if (journal.dev, journal.ino) != (old.dev, old.ino) {
+            return Ok(());
+        }
+        tracing::warn!(
+            inbox = name,
+            gen = journal.gen,
+            "inbox was replaced or deleted: draining the old file first"
+        );
+        let gen = journal.gen;
+        self.read_lines(name, gen, &old.file, now, held, stats)?;
+        Ok(())
+    }
+
+    /// Read one inbox from where judging stopped to its end.
+    pub(super) fn sweep_one(
+        &mut self,
+        name: &str,
+        now: DateTime<Utc>,
+        held: &mut HeldLines,
+        stats: &mut CatchUp,
+    ) -> Result<()> {
+        let Some((file, meta)) = self.current_file(name, now, held, stats)? else {
+            return Ok(());
+        };
+        if let Some(other) = self.snapshot.same_file_as_another(name, &file, &meta) {
+            if self.doubles.insert(name.to_owned()) {
+                tracing::warn!(
+                    inbox = name,
+                    of = %other,
+                    "this inbox is {other}'s file under another name (a hard link, or {other}'s inbox renamed): its lines were judged as {other}'s and are not judged again; rename it back, or give the new agent an inbox of its own"
+                );
+            }
+            return Ok(());
+        }
+        // Whatever goes wrong (a stop, a failed write), the file stays open: if it is replaced
+        // before the next sweep, its unread lines can still be drained.
+        let read = self
+            .check_generation(name, &file, &meta, now, stats)
+            .and_then(|gen| Ok((gen, self.read_lines(name, gen, &file, now, held, stats)?)));
+        let (gen, end) = match read {
+            Ok(read) => read,
+            Err(e) => {
+                self.keep_open(name, file, &meta);
+                return Err(e);
+            }
+        };
+        let marked = self.snapshot.inboxes[name].mark.map(|(offset, _)| offset);
+        if end > 0 && marked != Some(end) {
+            let path = self.bridge.inbox_path(name)?;
+            if let Some(marker) = Marker::of(&file, end).map_err(Error::io("read inbox", &path))? {
+                self.mark(name, gen, end, &meta, Some(marker), now)?;
+            }
+        }
+        self.keep_open(name, file, &meta);
+        Ok(())
+    }
+
+    pub(super) fn keep_open(&mut self, name: &str, file: File, meta: &std::fs::Metadata) {
+        self.uses += 1;
+        if self.files.len() >= OPEN_FILES && !self.files.contains_key(name) {
+            if let Some(oldest) = self
+                .files
+                .iter()
+                .min_by_key(|(_, f)| f.used)
+                .map(|(n, _)| n.clone())
+            {
+                self.files.remove(&oldest);
+            }
+        }
+        self.files.insert(
+            name.to_owned(),
+            OpenInbox {
+                file,
+                dev: meta.dev(),
+                ino: meta.ino(),
+                used: self.uses,
+            },
+        );
+    }
+
+    /// Judge the complete lines of `file` from where judging stopped in generation `gen`.
+    /// Returns where the last complete line ends.
+    pub(super) fn read_lines(
+        &mut self,
+        name: &str,
+        gen: u32,
+        file: &File,
+        now: DateTime<Utc>,
+        held: &mut HeldLines,
+        stats: &mut CatchUp,
+    ) -> Result<u64> {
+        let start = self.snapshot.inboxes[name].judged_to;
+        let beyond = self.snapshot.inboxes[name].judged_beyond.clone();
+        // Lines already held in this sweep are read again, not judged again.
+        let holding: HashSet<u64> = held
+            .by_request
+            .values()
+            .flatten()
+            .filter(|h| h.inbox == name && h.gen == gen)
+            .map(|h| h.offset)
+            .chain(
+                held.waiting
+                    .keys()
+                    .filter(|(inbox, g, _)| inbox == name && *g == gen)
+                    .map(|(_, _, offset)| *offset),
+            )
+            .collect();
+        let mut reader = std::mem::replace(&mut self.reader, LineReader::new(0));
+        let interrupt = Arc::clone(&self.interrupt);
+        // A run of blank lines is one refused fragment, one record: a megabyte of newlines
+        // must not become hundreds of megabytes of journal, refused log and index.
+        let mut blank: Option<(u64, u64)> = None;
+        let result = reader.read(file, start, |line| {
+            if interrupt.load(Ordering::Relaxed) {
+                return Err(Error::Interrupted);
+            }
+            if let Line::Complete { offset, bytes } = &line {
+                if is_blank(bytes) && !beyond.contains_key(offset) && !holding.contains(offset) {
+                    let end = offset + bytes.len() as u64 + 1;
+                    match &mut blank {
+                        Some((_, run_end)) if *run_end == *offset => *run_end = end,
+                        _ => {
+                            self.refuse_blanks(name, gen, blank.take(), now, stats)?;
+                            blank = Some((*offset, end));
+                        }
+                    }
+                    return Ok(());
+                }
+            }
+            self.refuse_blanks(name, gen, blank.take(), now, stats)?;
+            if beyond.contains_key(&line.offset()) || holding.contains(&line.offset()) {
+                return Ok(());
+            }
+            match line {
+                Line::TooLong { offset, len } => {
+                    // The judge's own notices, rings and report notes can be longer than a
+                    // small `max_line_bytes`: it wrote them, so it reads them back whole.
+                    // Refusing one would leave its intent open, and every restart would write
+                    // it again, never delivered.
+                    if let Some(own) = self.own_line_at(name, file, offset, len)? {
+                        let limits = std::mem::replace(
+                            &mut self.limits,
+                            Limits {
+                                max_line_bytes: usize::MAX,
+                            },
+                        );
+                        let judged =
+                            self.judge_complete(name, gen, offset, &own, now, Some(held), stats);
+                        self.limits = limits;
+                        return judged;
+                    }
+                    let refusal = Refusal::new(
+                        RefusalReason::LineTooLong,
+                        format!("{len} bytes, the limit is {}", self.limits.max_line_bytes),
+                    );
+                    self.record(
+                        name,
+                        gen,
+                        offset,
+                        len + 1,
+                        &Verdict::Refused(refusal),
+                        None,
+                        None,
+                        now,
+                        stats,
+                    )
+                }
+                Line::Complete { offset, bytes } => {
+                    self.judge_complete(name, gen, offset, bytes, now, Some(held), stats)
+                }
+            }
+        });
+        self.reader = reader;
+        let end = result?;
+        self.refuse_blanks(name, gen, blank, now, stats)?;
+        Ok(end)
+    }
+
+    /// Refuse a run of blank lines, `[start, end)`, with one verdict.
+    pub(super) fn refuse_blanks(
+        &mut self,
+        name: &str,
+        gen: u32,
+        run: Option<(u64, u64)>,
+        now: DateTime<Utc>,
+        stats: &mut CatchUp,
+    ) -> Result<()> {
+        let Some((start, end)) = run else {
+            return Ok(());
+        };
+        let detail = if end - start == 1 {
+            "blank line".to_owned()
+        } else {
+            format!("blank lines ({} bytes)", end - start)
+        };
+        let refusal = Refusal::new(RefusalReason::BadJson, detail);
+        let verdict = Verdict::Refused(refusal);
+        self.record(
+            name,
+            gen,
+            start,
+            end - start,
+            &verdict,
+            None,
+            None,
+            now,
+            stats,
+        )
+    }
+
+    /// The bytes of the over-long line at `offset` when they are exactly a line the judge
+    /// intended to write to this inbox and has not read back yet.
+    pub(super) fn own_line_at(
+        &self,
+        name: &str,
+        file: &File,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<Vec<u8>>> {
+        let Some(intent) = self
+            .snapshot
+            .intents
+            .values()
+            .find(|i| i.inbox == name && i.line.len() as u64 == len)
+        else {
+            return Ok(None);
+        };
+        let mut bytes = vec![0u8; intent.line.len()];
+        match std::os::unix::fs::FileExt::read_exact_at(file, &mut bytes, offset) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(Error::io("read inbox", name)(e)),
+        }
+        let own = self
+            .snapshot
+            .intents
+            .values()
+            .any(|i| i.inbox == name && i.line.as_bytes() == bytes.as_slice());
+        Ok(own.then_some(bytes))
+    }
+
+    /// Make sure the journal's view of the inbox belongs to this very file; start a new
+    /// generation when it was truncated, replaced or recreated.
+    pub(super) fn check_generation(
+        &mut self,
+        name: &str,
+        file: &File,
+        meta: &std::fs::Metadata,
+        now: DateTime<Utc>,
+        stats: &mut CatchUp,
+    ) -> Result<u32> {
+        let known = self.snapshot.inboxes.get(name);
+        let Some(known) = known else {
+            self.mark(name, 0, 0, meta, None, now)?;
+            return Ok(0);
+        };
+        let resume = known
+            .judged_to
+            .max(known.mark.map_or(0, |(offset, _)| offset));
+        let moved = (known.dev, known.ino) != (meta.dev(), meta.ino());
+        // An inbox is known by its bytes: the marker of what was judged. A file with those
+        // bytes under a new inode (a copy, a restore, a move to another disk) is the same
+        // inbox; without a marker only the inode can say.
+        let same = meta.len() >= resume
+            && match known.mark {
+                Some((offset, marker)) => marker.matches(file, offset).unwrap_or(false),
+                None => !moved,
+            };
+        if same && moved {
+            let (gen, mark) = (known.gen, known.mark);
+            tracing::warn!(
+                inbox = name,
+                "inbox has a new inode but the same bytes (copied, restored or moved): it is the same inbox"
+            );
+            let (offset, marker) = mark.map_or((0, None), |(o, m)| (o, Some(m)));
+            self.mark(name, gen, offset, meta, marker, now)?;
+            return Ok(gen);
+        }
+        if same {
+            return Ok(known.gen);
+        }
+        let gen = known.gen + 1;
+        tracing::warn!(
+            inbox = name,
+            gen,
+            old_offset = resume,
+            size = meta.len(),
+            "inbox was truncated, replaced or recreated: reading it from the start as a new generation"
+        );
+        stats.new_generations += 1;
+        self.mark(name, gen, 0, meta, None, now)?;
+        Ok(gen)
+    }
+
+    pub(super) fn mark(
+        &mut self,
+        name: &str,
+        gen: u32,
+        offset: u64,
+        meta: &std::fs::Metadata,
+        marker: Option<Marker>,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let mut record = Record::new(name, gen, offset, Word::Mark, now.timestamp_millis());
+        record.dev = Some(meta.dev());
+        record.ino = Some(meta.ino());
+        record.marker = marker;
+        self.journal.append(&record)?;
+        self.snapshot.apply(record);
+        Ok(())
+    }
+}

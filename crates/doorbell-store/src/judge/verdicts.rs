@@ -1,0 +1,410 @@
+//! Judging a line: its verdict from the rules, lines held for a request not seen yet or for
+//! their turn in a crossing conversation (`turns.rs`), the judge's own sealed lines recognised.
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+
+use chrono::{DateTime, Utc};
+use doorbell_core::notice::refusal_key;
+use doorbell_core::{is_agent_name, judge_line, Envelope, Kind, RefusalReason, Verdict};
+
+use super::{Arrival, CatchUp, Judge};
+use crate::append::open_inbox;
+use crate::journal::{Record, RingRef, Word};
+use crate::turns::{Pending, Place, Turns};
+use crate::Result;
+
+/// A line whose request has not been seen yet.
+#[derive(Debug)]
+pub(super) struct Held {
+    pub(super) inbox: String,
+    pub(super) gen: u32,
+    pub(super) offset: u64,
+    pub(super) bytes: Vec<u8>,
+    /// The line's id: a later line with the same id waits behind it.
+    pub(super) id: String,
+}
+
+/// The lines held in one sweep, by the request they wait for, and their ids (a later line
+/// with a held id waits in the same place); and the responses that wait for their turn in a
+/// crossing conversation (`turns.rs`).
+#[derive(Debug, Default)]
+pub(super) struct HeldLines {
+    pub(super) by_request: HashMap<String, Vec<Held>>,
+    pub(super) ids: HashMap<String, String>,
+    pub(super) turns: Turns,
+    pub(super) waiting: HashMap<Place, Held>,
+    /// Waiting lines whose turn came, to be judged by the outermost judging of a line (so
+    /// that a long run of them is a loop, not a recursion).
+    pub(super) ready: std::collections::VecDeque<Place>,
+    pub(super) releasing: bool,
+}
+
+impl HeldLines {
+    pub(super) fn hold(&mut self, request: String, line: Held) {
+        self.ids.insert(line.id.clone(), request.clone());
+        self.by_request.entry(request).or_default().push(line);
+    }
+
+    /// The lines that waited for `request`, in the order they were held.
+    pub(super) fn release(&mut self, request: &str) -> Vec<Held> {
+        let lines = self.by_request.remove(request).unwrap_or_default();
+        for line in &lines {
+            self.ids.remove(&line.id);
+        }
+        lines
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.by_request.is_empty()
+    }
+
+    /// Keep the line at `place` aside when it is a response whose turn has not come.
+    pub(super) fn wait_for_turn(&mut self, place: &Place, bytes: &[u8]) -> bool {
+        if self.turns.may_judge(place) {
+            return false;
+        }
+        let (inbox, gen, offset) = place.clone();
+        let id = identity_of(bytes).0.unwrap_or_default();
+        self.waiting.insert(
+            place.clone(),
+            Held {
+                inbox,
+                gen,
+                offset,
+                bytes: bytes.to_vec(),
+                id,
+            },
+        );
+        true
+    }
+}
+
+/// The `inbox/gen/offset` keys of the refusals a notice line names in its data part.
+pub(super) fn notice_covers(bytes: &[u8]) -> Vec<String> {
+    let Ok(line) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+        return Vec::new();
+    };
+    let parts = line["message"]["parts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    parts
+        .iter()
+        .filter_map(|part| part["data"]["refused"].as_array())
+        .flatten()
+        .filter_map(|r| {
+            let gen = u32::try_from(r["generation"].as_u64()?).ok()?;
+            Some(refusal_key(
+                r["inbox"].as_str()?,
+                gen,
+                r["offset"].as_u64()?,
+            ))
+        })
+        .collect()
+}
+
+/// The id and sender a line claims, read as leniently as possible, for telling the sender
+/// about a line that could not be judged as an envelope.
+pub(super) fn identity_of(bytes: &[u8]) -> (Option<String>, Option<String>) {
+    #[derive(serde::Deserialize)]
+    struct Claimed {
+        id: Option<serde_json::Value>,
+        from: Option<serde_json::Value>,
+    }
+    let Ok(claimed) = serde_json::from_slice::<Claimed>(bytes.strip_suffix(b"\r").unwrap_or(bytes))
+    else {
+        return (None, None);
+    };
+    let id = claimed
+        .id
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .filter(|id| doorbell_core::is_id(id));
+    let from = claimed
+        .from
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .filter(|f| is_agent_name(f));
+    (id, from)
+}
+
+impl Judge {
+    /// Judge one complete line; `held` is where a line waiting for its request goes while
+    /// inboxes are still being read (`None` once every inbox was read).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn judge_complete(
+        &mut self,
+        name: &str,
+        gen: u32,
+        offset: u64,
+        bytes: &[u8],
+        now: DateTime<Utc>,
+        mut held: Option<&mut HeldLines>,
+        stats: &mut CatchUp,
+    ) -> Result<()> {
+        let place: Place = (name.to_owned(), gen, offset);
+        if let Some(held) = held.as_deref_mut() {
+            if held.wait_for_turn(&place, bytes) {
+                return Ok(());
+            }
+        }
+        let (verdict, envelope, sealed) = self.judge_bytes(name, bytes);
+        if let (Some(envelope), Some(held)) = (&envelope, held.as_deref_mut()) {
+            let unknown_request = matches!(
+                &verdict,
+                Verdict::Refused(refusal) if refusal.reason == RefusalReason::UnknownRequest
+            );
+            // A line whose id a held line already carries is judged after it, as it was
+            // written after it: otherwise a reuse would claim the id first.
+            let behind = held.ids.get(&*envelope.id).cloned();
+            let bucket = match (unknown_request, behind) {
+                (_, Some(request)) => Some(request),
+                (true, None) => Some(
+                    envelope
+                        .correlates_to
+                        .as_deref()
+                        .unwrap_or_default()
+                        .to_owned(),
+                ),
+                (false, None) => None,
+            };
+            if let Some(request) = bucket {
+                self.holds += 1;
+                held.hold(
+                    request,
+                    Held {
+                        inbox: name.to_owned(),
+                        gen,
+                        offset,
+                        bytes: bytes.to_vec(),
+                        id: envelope.id.to_string(),
+                    },
+                );
+                return Ok(());
+            }
+        }
+        if let (true, Verdict::Accepted, Some(envelope)) = (sealed, &verdict, &envelope) {
+            self.recognise_own(name, bytes, envelope, now)?;
+        }
+        let accepted = match (&verdict, &envelope) {
+            (Verdict::Accepted, Some(envelope)) => {
+                let mut accepted = self.snapshot.ledger.accepted(envelope);
+                // A loop's request carries the station that answers for it.
+                if accepted.kind == Kind::Request {
+                    accepted.owner = self.registry.owners.get(&accepted.from).cloned();
+                }
+                Some(accepted)
+            }
+            _ => None,
+        };
+        let new_request = accepted
+            .as_ref()
+            .filter(|a| a.kind == Kind::Request)
+            .map(|a| a.id.clone());
+        // Refused and duplicate lines keep their id and sender for notices; accepted ones
+        // carry them in `accepted`.
+        let identity = match (&accepted, &envelope) {
+            (Some(_), _) => None,
+            (None, Some(e)) => Some((Some(e.id.to_string()), Some(e.from.to_string()))),
+            (None, None) => Some(identity_of(bytes)),
+        };
+        let span = bytes.len() as u64 + 1;
+        if let Some(line) = &accepted {
+            let entry = match stats.arrivals.get_mut(name) {
+                Some(entry) => entry,
+                None => stats.arrivals.entry(name.to_owned()).or_insert(Arrival {
+                    count: 0,
+                    last_id: String::new(),
+                    last_from: String::new(),
+                    last_kind: line.kind,
+                }),
+            };
+            entry.count += 1;
+            // Reuses the strings' buffers: one arrival per line adds up in a catch-up.
+            entry.last_id.clone_from(&line.id);
+            entry.last_from.clone_from(&line.from);
+            entry.last_kind = line.kind;
+        }
+        self.record(
+            name, gen, offset, span, &verdict, identity, accepted, now, stats,
+        )?;
+        let Some(held) = held else {
+            return Ok(());
+        };
+        // Lines that were waiting for this request can be judged now.
+        if let Some(id) = new_request {
+            for line in held.release(&id) {
+                self.judge_complete(
+                    &line.inbox,
+                    line.gen,
+                    line.offset,
+                    &line.bytes,
+                    now,
+                    Some(held),
+                    stats,
+                )?;
+            }
+        }
+        self.next_turn(held, &place, now, stats)
+    }
+
+    /// The line at `place` was judged: the next response of its conversation, if it waits,
+    /// has its turn. The outermost judging of a line judges what became ready, in a loop.
+    pub(super) fn next_turn(
+        &mut self,
+        held: &mut HeldLines,
+        place: &Place,
+        now: DateTime<Utc>,
+        stats: &mut CatchUp,
+    ) -> Result<()> {
+        if let Some(next) = held.turns.judged(place) {
+            if held.waiting.contains_key(&next) {
+                held.ready.push_back(next);
+            }
+        }
+        if held.releasing {
+            return Ok(());
+        }
+        held.releasing = true;
+        while let Some(next) = held.ready.pop_front() {
+            let Some(line) = held.waiting.remove(&next) else {
+                continue;
+            };
+            self.judge_complete(
+                &line.inbox,
+                line.gen,
+                line.offset,
+                &line.bytes,
+                now,
+                Some(held),
+                stats,
+            )?;
+        }
+        held.releasing = false;
+        Ok(())
+    }
+
+    /// The turns of the responses waiting in `names` (`turns.rs`): each inbox read from where
+    /// judging stopped, when its file is the one the journal knows.
+    pub(super) fn turns(&self, names: &[String]) -> Turns {
+        let mut pending = Vec::new();
+        for name in names {
+            let Ok(path) = self.bridge.inbox_path(name) else {
+                continue;
+            };
+            let Ok(file) = open_inbox(&path, false) else {
+                continue;
+            };
+            let Ok(meta) = file.metadata() else {
+                continue;
+            };
+            let (gen, from, judged) = match self.snapshot.inboxes.get(name) {
+                Some(known) if (known.dev, known.ino) == (meta.dev(), meta.ino()) => {
+                    (known.gen, known.judged_to, Some(&known.judged_beyond))
+                }
+                // Replaced, moved or restored: its lines take no turns in this sweep.
+                Some(_) => continue,
+                None => (0, 0, None),
+            };
+            pending.push((name.as_str(), file, gen, from, judged));
+        }
+        let judged: Vec<Box<dyn Fn(u64) -> bool + '_>> = pending
+            .iter()
+            .map(|(_, _, _, _, judged)| {
+                let judged = *judged;
+                Box::new(move |offset| judged.is_some_and(|j| j.contains_key(&offset)))
+                    as Box<dyn Fn(u64) -> bool + '_>
+            })
+            .collect();
+        let inboxes: Vec<Pending<'_>> = pending
+            .into_iter()
+            .zip(&judged)
+            .map(|((name, file, gen, from, _), judged)| Pending {
+                name,
+                file,
+                gen,
+                from,
+                judged: judged.as_ref(),
+            })
+            .collect();
+        Turns::scan(&inboxes, self.limits.max_line_bytes)
+    }
+
+    /// The verdict on one complete line, and whether it is a line of the judge's own that
+    /// only its seal shows (the journal lost its intent).
+    pub(super) fn judge_bytes<'a>(
+        &self,
+        name: &str,
+        bytes: &'a [u8],
+    ) -> (Verdict, Option<Envelope<'a>>, bool) {
+        // The judge's own line: an id it journaled and, while its intent is open, exactly the
+        // line it means to write, in the inbox it means; or a line under its seal (one the
+        // journal lost). Anyone can predict a reserved id; a copy elsewhere or with other
+        // words must not pass for the bridge's line, close the intent and stop the real one.
+        let snapshot = &self.snapshot;
+        let intents = &self.snapshot.intents;
+        let seal = &self.seal;
+        let sealed = std::cell::Cell::new(false);
+        let own = |id: &str| match intents.get(id) {
+            Some(intent) => {
+                intent.inbox == name && (intent.line.as_bytes() == bytes || seal.verifies(bytes))
+            }
+            None if snapshot.is_own(id) => true,
+            None => {
+                let verified = seal.verifies(bytes);
+                sealed.set(verified);
+                verified
+            }
+        };
+        let (verdict, envelope) = judge_line(
+            bytes,
+            name,
+            &self.limits,
+            &self.registry,
+            &self.snapshot.ledger,
+            &own,
+        );
+        (verdict, envelope, sealed.get())
+    }
+
+    /// A line of the judge's own that the journal does not know (it was lost or damaged):
+    /// journal the intent it was written for, so the ledger counts its ring and nothing
+    /// writes it again. The intent is dated when the line was written.
+    pub(super) fn recognise_own(
+        &mut self,
+        name: &str,
+        bytes: &[u8],
+        envelope: &Envelope<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let id: &str = &envelope.id;
+        // When it was written, as it says (never later than now).
+        let at = envelope.created_at.min(now);
+        let mut record = Record::new(name, 0, 0, Word::Intent, at.timestamp_millis());
+        record.id = Some(id.to_owned());
+        record.write = Some(String::from_utf8_lossy(bytes).into_owned());
+        let request = envelope.correlates_to.as_deref().unwrap_or_default();
+        let parts: Vec<&str> = id.split(':').collect();
+        record.ring = match parts.as_slice() {
+            ["ring", _, epoch, n] => epoch.parse().ok().zip(n.parse().ok()),
+            ["escalation", _, epoch] => epoch.parse().ok().map(|e| (e, 0)),
+            _ => None,
+        }
+        .map(|(epoch, ring)| RingRef {
+            request: request.to_owned(),
+            epoch,
+            ring,
+        });
+        // A refusal notice names its lines in its data part: they are told already.
+        if id.starts_with("bridge:refused:") {
+            record.covers = notice_covers(bytes);
+        }
+        tracing::info!(
+            inbox = name,
+            id,
+            "a line of the judge's own that the journal lost: known by its seal, not written again"
+        );
+        self.journal.append(&record)?;
+        self.snapshot.apply(record);
+        Ok(())
+    }
+}
