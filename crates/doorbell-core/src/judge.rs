@@ -13,9 +13,8 @@ use serde::Deserialize;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::envelope::{EnvelopeDe, FileDe, Found, Int, Message, Obj, Part, PartDe};
-use crate::ledger::Ledger;
 use crate::name::{is_agent_name, is_builtin_loop, is_id};
-use crate::verdict::{Refusal, RefusalReason as R, Verdict};
+use crate::verdict::{Refusal, RefusalReason as R};
 use crate::{Envelope, Kind, State};
 
 /// JSON nested deeper than this is refused as `bad-json`.
@@ -58,68 +57,7 @@ impl Registry {
     }
 }
 
-/// Judge one line (without its `\n`) found in `owner`'s inbox.
-///
-/// `own_line` tells whether the judge itself wrote a line with this id (it journals every id
-/// it writes); only such lines may use a built-in loop's name or a reserved id.
-pub fn judge_line<'a>(
-    line: &'a [u8],
-    owner: &str,
-    limits: &Limits,
-    registry: &Registry,
-    ledger: &Ledger,
-    own_line: &dyn Fn(&str) -> bool,
-) -> (Verdict, Option<Envelope<'a>>) {
-    match judge_stateless(line, Some(owner), limits) {
-        Err(refusal) => (Verdict::Refused(refusal), None),
-        Ok(envelope) => {
-            let verdict = ledger.judge(&envelope, owner, registry, own_line);
-            (verdict, Some(envelope))
-        }
-    }
-}
-
-/// The rules that need nothing but the line and, when known, the inbox's owner:
-/// `line-too-long` to `misaddressed` (the owner part of it).
-pub fn judge_stateless<'a>(
-    line: &'a [u8],
-    owner: Option<&str>,
-    limits: &Limits,
-) -> Result<Envelope<'a>, Refusal> {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    if line.len() > limits.max_line_bytes {
-        return Err(Refusal::new(
-            R::LineTooLong,
-            format!(
-                "{} bytes, the limit is {}",
-                line.len(),
-                limits.max_line_bytes
-            ),
-        ));
-    }
-    let text = std::str::from_utf8(line).map_err(|e| {
-        Refusal::new(
-            R::NotUtf8,
-            format!("invalid UTF-8 at byte {}", e.valid_up_to()),
-        )
-    })?;
-    let raw = parse_json(text)?;
-    let envelope = check_fields(raw)?;
-    if let Some(owner) = owner {
-        if envelope.to != owner {
-            return Err(Refusal::new(
-                R::Misaddressed,
-                format!(
-                    "'to' is '{}' but this is the inbox of '{owner}'",
-                    envelope.to
-                ),
-            ));
-        }
-    }
-    Ok(envelope)
-}
-
-fn parse_json(text: &str) -> Result<EnvelopeDe<'_>, Refusal> {
+pub(crate) fn parse_json(text: &str) -> Result<EnvelopeDe<'_>, Refusal> {
     let bad = |detail: String| Refusal::new(R::BadJson, detail);
     let start = text.trim_start_matches([' ', '\t', '\n', '\r']);
     match start.as_bytes().first() {
@@ -183,7 +121,7 @@ pub fn nests_deeper_than(bytes: &[u8], max: usize) -> bool {
 }
 
 /// The first `missing-field` or `bad-field` fault, in that order, or the envelope.
-fn check_fields(raw: EnvelopeDe<'_>) -> Result<Envelope<'_>, Refusal> {
+pub(crate) fn check_fields(raw: EnvelopeDe<'_>) -> Result<Envelope<'_>, Refusal> {
     if matches!(&raw.kind, Some(Found::Value(k)) if k == "response") && raw.correlates_to.is_none()
     {
         return Err(Refusal::new(

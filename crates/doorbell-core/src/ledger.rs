@@ -17,9 +17,8 @@ use foldhash::fast::RandomState;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::judge::{loop_refusal, Registry};
-use crate::name::{is_builtin_loop, is_reserved_id};
-use crate::verdict::{Refusal, RefusalReason as R, Verdict};
+use crate::judge::Registry;
+use crate::verdict::Verdict;
 use crate::{Envelope, Kind, State};
 
 /// Which party of a request a response comes from.
@@ -244,7 +243,7 @@ impl Request {
         }
     }
 
-    fn side_of(&self, agent: &str, state: State) -> Option<Side> {
+    pub(crate) fn side_of(&self, agent: &str, state: State) -> Option<Side> {
         let addressee = agent == self.addressee;
         // A loop's owner answers for the loop.
         let requester = agent == self.requester || self.owner.as_deref() == Some(agent);
@@ -341,14 +340,14 @@ impl Ledger {
         }
     }
 
-    fn find_request(&self, id: &str) -> Option<Cow<'_, Request>> {
+    pub(crate) fn find_request(&self, id: &str) -> Option<Cow<'_, Request>> {
         match self.requests.get(id) {
             Some(entry) => Some(Cow::Borrowed(&entry.request)),
             None => self.archive.as_ref()?.request(id).map(Cow::Owned),
         }
     }
 
-    fn find_claim(&self, id: &str) -> Option<u64> {
+    pub(crate) fn find_claim(&self, id: &str) -> Option<u64> {
         match self.claims.get(id) {
             Some(claim) => Some(claim.fingerprint),
             None => self.archive.as_ref()?.claim(id),
@@ -382,163 +381,10 @@ impl Ledger {
         registry: &Registry,
         own_line: &dyn Fn(&str) -> bool,
     ) -> Verdict {
-        match self.first_refusal(envelope, owner, registry, own_line) {
+        match crate::rules::stateful(self, envelope, owner, registry, own_line) {
             Ok(verdict) => verdict,
             Err(refusal) => Verdict::Refused(refusal),
         }
-    }
-
-    #[allow(clippy::too_many_lines)] // the precedence order reads best as one list
-    fn first_refusal(
-        &self,
-        envelope: &Envelope<'_>,
-        owner: &str,
-        registry: &Registry,
-        own_line: &dyn Fn(&str) -> bool,
-    ) -> Result<Verdict, Refusal> {
-        let from = &*envelope.from;
-        let request = envelope
-            .correlates_to
-            .as_deref()
-            .and_then(|id| self.find_request(id));
-        let request = request.as_deref();
-        // misaddressed: the inbox's owner, then the other party of the request.
-        if envelope.to != owner {
-            return Err(Refusal::new(
-                R::Misaddressed,
-                format!(
-                    "'to' is '{}' but this is the inbox of '{owner}'",
-                    envelope.to
-                ),
-            ));
-        }
-        if let (Kind::Response, Some(request)) = (envelope.kind, request) {
-            // A loop's request is answered to its owner, who also speaks for it.
-            let requester = request.requester_station();
-            let expected = if from == request.addressee {
-                Some(requester)
-            } else if from == request.requester || from == requester {
-                Some(request.addressee.as_str())
-            } else {
-                None
-            };
-            let fine = match expected {
-                Some(expected) => envelope.to == expected,
-                None => envelope.to == requester || envelope.to == request.addressee,
-            };
-            if !fine {
-                return Err(Refusal::new(
-                    R::Misaddressed,
-                    format!(
-                        "a response to {} from '{from}' goes to '{}', not '{}'",
-                        request.id,
-                        expected.unwrap_or(requester),
-                        envelope.to
-                    ),
-                ));
-            }
-        }
-        // unknown-sender
-        if !registry.knows(from) {
-            return Err(Refusal::new(
-                R::UnknownSender,
-                format!("'{from}' is not a known station or loop"),
-            ));
-        }
-        if let Some(why) = loop_refusal(registry, from, envelope.kind) {
-            return Err(Refusal::new(R::BadField, why));
-        }
-        // borrowed-name
-        let reserved = is_builtin_loop(from) || is_reserved_id(&envelope.id);
-        if reserved && !own_line(&envelope.id) {
-            return Err(Refusal::new(
-                R::BorrowedName,
-                if is_builtin_loop(from) {
-                    format!("'{from}' is a built-in loop of the bridge")
-                } else {
-                    format!(
-                        "id '{}' contains ':', which is reserved for the bridge",
-                        envelope.id
-                    )
-                },
-            ));
-        }
-        // duplicate / id-reused
-        if let Some(fingerprint) = self.find_claim(&envelope.id) {
-            return if fingerprint == envelope.fingerprint {
-                Ok(Verdict::Duplicate)
-            } else {
-                Err(Refusal::new(
-                    R::IdReused,
-                    format!("id '{}' was already used by another message", envelope.id),
-                ))
-            };
-        }
-        let Some(correlates_to) = envelope.correlates_to.as_deref() else {
-            return Ok(Verdict::Accepted);
-        };
-        let Some(request) = request else {
-            return Err(Refusal::new(
-                R::UnknownRequest,
-                format!("'correlatesTo' names '{correlates_to}', which is no accepted request"),
-            ));
-        };
-        if envelope.kind != Kind::Response {
-            return Ok(Verdict::Accepted);
-        }
-        let state = envelope.state.expect("a response always has a state");
-        let side = match request.side_of(from, state) {
-            None => {
-                return Err(Refusal::new(
-                    R::NotAddressee,
-                    format!(
-                        "'{from}' is not a party of {} ({} asked {})",
-                        request.id, request.requester, request.addressee
-                    ),
-                ))
-            }
-            Some(Side::Requester) if !matches!(state, State::Working | State::Canceled) => {
-                return Err(Refusal::new(
-                    R::NotAddressee,
-                    format!(
-                        "only the addressee '{}' may send {state}; the requester may cancel or give input",
-                        request.addressee
-                    ),
-                ))
-            }
-            Some(side) => side,
-        };
-        if request.state.is_terminal() {
-            return Err(Refusal::new(
-                R::RequestClosed,
-                format!("{} is already {}", request.id, request.state),
-            ));
-        }
-        if !transition_allowed(request.state, side, state) {
-            let who = match side {
-                Side::Addressee => "the addressee",
-                Side::Requester => "the requester",
-            };
-            return Err(Refusal::new(
-                R::BadTransition,
-                format!(
-                    "{who} cannot move {} from {} to {state}",
-                    request.id, request.state
-                ),
-            ));
-        }
-        if let Some(context) = envelope.context_id.as_deref() {
-            if context != request.context_id {
-                return Err(Refusal::new(
-                    R::ContextMismatch,
-                    format!(
-                        "contextId '{context}' but {} is in '{}'",
-                        request.id, request.context_id
-                    ),
-                ));
-            }
-        }
-        Ok(Verdict::Accepted)
     }
 
     /// The ledger's record of an accepted envelope, with the thread resolved.

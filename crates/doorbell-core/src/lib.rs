@@ -13,11 +13,13 @@ pub mod ledger;
 pub mod name;
 pub mod notice;
 pub mod report;
+pub mod rules;
 pub mod trace;
 pub mod verdict;
 
 pub use envelope::{Envelope, Kind, MessageSummary, State};
-pub use judge::{judge_line, judge_stateless, Limits, Registry};
+pub use judge::{Limits, Registry};
 pub use ledger::{Accepted, Archive, Changes, Debt, Ledger, Request};
 pub use name::{is_agent_name, is_id, is_reserved_id, BUILTIN_LOOPS};
+pub use rules::{judge_line, judge_stateless};
 pub use verdict::{Refusal, RefusalReason, Verdict};
