@@ -498,12 +498,20 @@ fn task_of(view: &View, request: &Request, shape: Shape) -> Result<Value, RpcErr
 /// Lines about it to others (rings to the station, a note to the human) are not the
 /// caller's to see.
 fn between(view: &View, request: &Request) -> Result<Vec<doorbell_store::view::Message>, RpcError> {
-    let mut conversation = view.conversation(request)?;
+    between_past(view, request, &HashSet::new())
+}
+
+/// [`between`], leaving out the lines `seen` names (and reading only the others).
+fn between_past(
+    view: &View,
+    request: &Request,
+    seen: &HashSet<String>,
+) -> Result<Vec<doorbell_store::view::Message>, RpcError> {
     let client = request.requester_station();
-    conversation.retain(|m| {
-        m.row.from == request.requester || m.row.from == client || m.row.inbox == client
-    });
-    Ok(conversation)
+    Ok(view.conversation_past(request, &|m| {
+        seen.contains(&m.id)
+            || !(m.from == request.requester || m.from == client || m.inbox == client)
+    })?)
 }
 
 async fn current_task(who: &Who, id: String, shape: Shape) -> Result<Value, RpcError> {
@@ -912,7 +920,7 @@ async fn stream(
                 () = tx.closed() => return,
                 gone = changes.changed() => if gone.is_err() { return },
             }
-            let Ok((request, conversation)) = conversation(&who, &task).await else {
+            let Ok((request, conversation)) = conversation(&who, &task, seen.clone()).await else {
                 return;
             };
             for message in &conversation {
@@ -965,22 +973,24 @@ async fn stream(
 
 /// The task and the ids of its messages so far.
 async fn load(who: &Who, task: &str) -> Result<(Request, Value, Vec<String>), RpcError> {
-    let (request, conversation) = conversation(who, task).await?;
+    let (request, conversation) = conversation(who, task, HashSet::new()).await?;
     let ids = conversation.iter().map(|m| m.row.id.clone()).collect();
     let first = proto::task_json(&request, &conversation, Shape::FULL);
     Ok((request, first, ids))
 }
 
+/// The task and the lines of its conversation not in `seen`.
 async fn conversation(
     who: &Who,
     task: &str,
+    seen: HashSet<String>,
 ) -> Result<(Request, Vec<doorbell_store::view::Message>), RpcError> {
     let who = who.clone();
     let task = task.to_owned();
     blocking(move || {
         let view = View::open(&who.gateway.bridge)?;
         let request = visible(&view, &who, &task)?;
-        let conversation = between(&view, &request)?;
+        let conversation = between_past(&view, &request, &seen)?;
         Ok((request, conversation))
     })
     .await

@@ -410,6 +410,24 @@ impl View {
 
     /// Every accepted message of thread `context`, in the order they were accepted.
     pub fn thread(&self, context: &str) -> Result<Vec<Message>> {
+        Ok(self
+            .thread_rows(context)?
+            .into_iter()
+            .map(|row| self.with_line(row))
+            .collect())
+    }
+
+    /// An accepted line's row with its line, read from its inbox.
+    fn with_line(&self, row: MessageRow) -> Message {
+        Message {
+            line: self.line_at(&row.inbox, row.gen, row.offset, row.span),
+            row,
+        }
+    }
+
+    /// The rows of thread `context`'s accepted lines, in the order they were accepted,
+    /// without reading the lines.
+    fn thread_rows(&self, context: &str) -> Result<Vec<MessageRow>> {
         let mut rows = match self.snapshot.index() {
             Some(index) => index.thread(context)?,
             None => Vec::new(),
@@ -421,13 +439,7 @@ impl View {
                 .filter(|m| m.context_id == context && !known.contains(&m.id))
                 .cloned(),
         );
-        Ok(rows
-            .into_iter()
-            .map(|row| Message {
-                line: self.line_at(&row.inbox, row.gen, row.offset, row.span),
-                row,
-            })
-            .collect())
+        Ok(rows)
     }
 
     /// `agent`'s inbox as the judge sees it, to read accepted lines from `from` on.
@@ -566,11 +578,25 @@ impl View {
     /// The messages of request `id`: the request and every accepted line that correlates to
     /// it (responses, notes, rings), in the order they were accepted.
     pub fn conversation(&self, request: &Request) -> Result<Vec<Message>> {
-        let mut messages = self.thread(&request.context_id)?;
-        messages.retain(|m| {
-            m.row.id == request.id || m.row.correlates_to.as_deref() == Some(request.id.as_str())
-        });
-        Ok(messages)
+        self.conversation_past(request, &|_| false)
+    }
+
+    /// [`View::conversation`] without the lines `seen` names (a stream's, already sent): only
+    /// the new ones are read from their inboxes.
+    pub fn conversation_past(
+        &self,
+        request: &Request,
+        seen: &dyn Fn(&MessageRow) -> bool,
+    ) -> Result<Vec<Message>> {
+        Ok(self
+            .thread_rows(&request.context_id)?
+            .into_iter()
+            .filter(|m| {
+                m.id == request.id || m.correlates_to.as_deref() == Some(request.id.as_str())
+            })
+            .filter(|m| !seen(m))
+            .map(|row| self.with_line(row))
+            .collect())
     }
 
     /// The first line of text of each of `requests`, read from its inbox.
