@@ -559,17 +559,24 @@ fn read_until(stream: &mut std::net::TcpStream, enough: impl Fn(&str) -> bool) -
     String::from_utf8_lossy(&seen).into_owned()
 }
 
-#[test]
-fn open_streams_are_bounded() {
+/// A gateway over a fresh bridge, and a task design sent it with `text`: the bridge, the
+/// gateway, its address and the task's id.
+fn served_task(text: &str) -> (Bridge, Daemon, String, String) {
     let bridge = Bridge::with_agents(&["web", "human"]);
     config(&bridge, "");
-    let (_gateway, addr) = serve(&bridge);
+    let (gateway, addr) = serve(&bridge);
     let (_, sent) = rpc(
         &addr,
         Some(TOKEN),
-        &call("SendMessage", &send("a long one", &json!({}))),
+        &call("SendMessage", &send(text, &json!({}))),
     );
     let task = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
+    (bridge, gateway, addr, task)
+}
+
+#[test]
+fn open_streams_are_bounded() {
+    let (_bridge, _gateway, addr, task) = served_task("a long one");
     let subscribe = call("SubscribeToTask", &json!({"id": task}));
     let open = |n: usize| -> Vec<(std::net::TcpStream, String)> {
         (0..n)
@@ -638,15 +645,7 @@ fn a_send_is_answered_by_the_verdict_on_its_own_line() {
 
 #[test]
 fn a_tasks_history_holds_only_what_passed_between_its_two_sides() {
-    let bridge = Bridge::with_agents(&["web", "human"]);
-    config(&bridge, "");
-    let (_gateway, addr) = serve(&bridge);
-    let (_, sent) = rpc(
-        &addr,
-        Some(TOKEN),
-        &call("SendMessage", &send("ETA?", &json!({}))),
-    );
-    let task = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
+    let (bridge, _gateway, addr, task) = served_task("ETA?");
     // web tells the human about it, then answers design.
     bridge
         .doorbell(&[

@@ -283,17 +283,7 @@ impl View {
                 read: false,
             }
         } else {
-            let mut others = match self.snapshot.index() {
-                Some(index) => index.others_with_id(id)?,
-                None => Vec::new(),
-            };
-            others.extend(
-                self.snapshot
-                    .unsaved_others_all()
-                    .filter(|o| o.id.as_deref() == Some(id))
-                    .cloned(),
-            );
-            let Some(other) = others.into_iter().next() else {
+            let Some(other) = self.others_with_id(id)?.into_iter().next() else {
                 return Ok(None);
             };
             let OtherRow {
@@ -348,17 +338,8 @@ impl View {
                 return Ok(Some((Word::Accepted, None)));
             }
         }
-        let mut others = match self.snapshot.index() {
-            Some(index) => index.others_with_id(id)?,
-            None => Vec::new(),
-        };
-        others.extend(
-            self.snapshot
-                .unsaved_others_all()
-                .filter(|o| o.id.as_deref() == Some(id))
-                .cloned(),
-        );
-        Ok(others
+        Ok(self
+            .others_with_id(id)?
             .into_iter()
             .find(|o| (o.inbox.as_str(), o.gen, o.offset) == (inbox, gen, offset))
             .map(|o| {
@@ -373,6 +354,22 @@ impl View {
                 };
                 (word, reason)
             }))
+    }
+
+    /// The refused and duplicate lines that carried id `id`: the index's, then those not
+    /// saved yet.
+    fn others_with_id(&self, id: &str) -> Result<Vec<OtherRow>> {
+        let mut others = match self.snapshot.index() {
+            Some(index) => index.others_with_id(id)?,
+            None => Vec::new(),
+        };
+        others.extend(
+            self.snapshot
+                .unsaved_others_all()
+                .filter(|o| o.id.as_deref() == Some(id))
+                .cloned(),
+        );
+        Ok(others)
     }
 
     /// Whether `agent`'s cursor has passed `offset` of generation `gen`.

@@ -310,15 +310,7 @@ impl Judge {
         waiting.sort_by(|a, b| a.0.cmp(&b.0));
         rest.extend(waiting.into_iter().map(|(_, line)| line));
         for line in rest {
-            self.judge_complete(
-                &line.inbox,
-                line.gen,
-                line.offset,
-                &line.bytes,
-                now,
-                None,
-                &mut stats,
-            )?;
+            self.judge_held(&line, None, now, &mut stats)?;
         }
         self.journal.flush()?;
         self.refused_log.flush()?;

@@ -233,18 +233,29 @@ impl Judge {
         // Lines that were waiting for this request can be judged now.
         if let Some(id) = new_request {
             for line in held.release(&id) {
-                self.judge_complete(
-                    &line.inbox,
-                    line.gen,
-                    line.offset,
-                    &line.bytes,
-                    now,
-                    Some(held),
-                    stats,
-                )?;
+                self.judge_held(&line, Some(held), now, stats)?;
             }
         }
         self.next_turn(held, &place, now, stats)
+    }
+
+    /// Judge a line that was held.
+    pub(super) fn judge_held(
+        &mut self,
+        line: &Held,
+        held: Option<&mut HeldLines>,
+        now: DateTime<Utc>,
+        stats: &mut CatchUp,
+    ) -> Result<()> {
+        self.judge_complete(
+            &line.inbox,
+            line.gen,
+            line.offset,
+            &line.bytes,
+            now,
+            held,
+            stats,
+        )
     }
 
     /// The line at `place` was judged: the next response of its conversation, if it waits,
@@ -269,15 +280,7 @@ impl Judge {
             let Some(line) = held.waiting.remove(&next) else {
                 continue;
             };
-            self.judge_complete(
-                &line.inbox,
-                line.gen,
-                line.offset,
-                &line.bytes,
-                now,
-                Some(held),
-                stats,
-            )?;
+            self.judge_held(&line, Some(held), now, stats)?;
         }
         held.releasing = false;
         Ok(())
