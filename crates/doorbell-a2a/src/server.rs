@@ -383,15 +383,23 @@ async fn dispatch(who: Who, call: Call) -> Result<Response, (Value, RpcError)> {
             Ok(answer(task))
         }
         "SendMessage" => {
-            let (sent, immediately, shape) = send_message(&who, &params).await.map_err(fail)?;
+            // A blocking send takes its place among the streams before it sends anything.
+            let blocks = !params["configuration"]["returnImmediately"]
+                .as_bool()
+                .unwrap_or(false);
+            let waiting = if blocks {
+                Some(stream_permit(&who).map_err(fail)?)
+            } else {
+                None
+            };
+            let (sent, shape) = send_message(&who, &params).await.map_err(fail)?;
             let sent = match sent {
                 Sent::Task(task) => task,
                 Sent::Note(note) => {
                     return Ok(answer(json!({ "message": delivered(&who, &note) })))
                 }
             };
-            if !immediately {
-                let _waiting = stream_permit(&who).map_err(fail)?;
+            if waiting.is_some() {
                 settled(&who, &sent).await.map_err(fail)?;
             }
             let task = current_task(&who, sent, shape).await.map_err(fail)?;
@@ -399,7 +407,7 @@ async fn dispatch(who: Who, call: Call) -> Result<Response, (Value, RpcError)> {
         }
         "SendStreamingMessage" => {
             let permit = stream_permit(&who).map_err(fail)?;
-            let (sent, _, _) = send_message(&who, &params).await.map_err(fail)?;
+            let (sent, _) = send_message(&who, &params).await.map_err(fail)?;
             let sent = match sent {
                 Sent::Task(task) => task,
                 Sent::Note(note) => {
@@ -595,8 +603,6 @@ fn list(who: &Who, params: &Value) -> Result<Value, RpcError> {
     }))
 }
 
-/// `SendMessage`'s params as the bridge takes them, sent, and judged: the task's id, whether
-/// to answer at once, and what of the task to return.
 /// What a `SendMessage` made: a task (a request, or a line to one), or a note to the station.
 enum Sent {
     Task(String),
@@ -613,7 +619,9 @@ fn delivered(who: &Who, note: &str) -> Value {
     })
 }
 
-async fn send_message(who: &Who, params: &Value) -> Result<(Sent, bool, Shape), RpcError> {
+/// `SendMessage`'s params as the bridge takes them, sent, and judged: what was made, and
+/// what of the task to return.
+async fn send_message(who: &Who, params: &Value) -> Result<(Sent, Shape), RpcError> {
     let message = params
         .get("message")
         .ok_or_else(|| RpcError::invalid_params("params.message is required"))?;
@@ -627,10 +635,6 @@ async fn send_message(who: &Who, params: &Value) -> Result<(Sent, bool, Shape), 
         }
     }
     let configuration = params.get("configuration");
-    let immediately = configuration
-        .and_then(|c| c.get("returnImmediately"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
     let shape = Shape {
         history: match configuration {
             Some(c) => history_length(c)?,
@@ -647,7 +651,7 @@ async fn send_message(who: &Who, params: &Value) -> Result<(Sent, bool, Shape), 
         Some(task) => Sent::Task(task),
         None => Sent::Note(placed.id),
     };
-    Ok((sent, immediately, shape))
+    Ok((sent, shape))
 }
 
 /// Send `incoming` to the station as the caller: a new request, or naming an existing task,
