@@ -675,3 +675,37 @@ fn a_tasks_history_holds_only_what_passed_between_its_two_sides() {
         .collect();
     assert_eq!(texts, ["ETA?", "on it"], "{got}");
 }
+
+#[test]
+fn connections_are_bounded_and_a_waiting_one_is_served_when_a_place_frees() {
+    let bridge = Bridge::with_agents(&["web", "human"]);
+    config(&bridge, "");
+    let (_gateway, addr) = serve(&bridge);
+    // 256 clients connect and say nothing: every place is taken.
+    let mut idle: Vec<std::net::TcpStream> = (0..256)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    let mut waiting = std::net::TcpStream::connect(&addr).unwrap();
+    let get = format!(
+        "GET /a2a/web/.well-known/agent-card.json HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    );
+    waiting.write_all(get.as_bytes()).unwrap();
+    // An observation window: with no place, the 257th is not served.
+    waiting
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let unserved = waiting.read(&mut buf);
+    assert!(
+        matches!(&unserved, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+        "{unserved:?}"
+    );
+    // One client leaves: the waiting one gets its place and its card.
+    drop(idle.pop());
+    waiting
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let card = read_until(&mut waiting, |text| text.contains("\"skills\""));
+    assert!(card.starts_with("HTTP/1.1 200"), "{card}");
+    drop(idle);
+}

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 pub mod forward;
+mod listen;
 pub mod proto;
 pub mod rpc;
 pub mod server;

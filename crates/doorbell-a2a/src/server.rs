@@ -4,8 +4,8 @@
 //! its bearer token names, and returns once the judge has said its verdict on what it sent.
 //!
 //! Bounds: a request body of at most twice the line limit, JSON nested at most
-//! [`rpc::MAX_DEPTH`] deep, at most [`MAX_STREAMS`] open streams. Tokens are compared in
-//! constant time and never logged.
+//! [`rpc::MAX_DEPTH`] deep, at most [`MAX_STREAMS`] open streams and 256 connections
+//! (`listen.rs`). Tokens are compared in constant time and never logged.
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -193,7 +193,7 @@ pub async fn serve(
         .route("/a2a/{station}/.well-known/agent-card.json", get(card))
         .route("/a2a/{station}", post(call))
         .with_state(gateway);
-    axum::serve(listener, app)
+    axum::serve(crate::listen::Bounded::new(listener), app)
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(|source| Error::Bind { addr, source })
