@@ -709,3 +709,22 @@ fn connections_are_bounded_and_a_waiting_one_is_served_when_a_place_frees() {
     assert!(card.starts_with("HTTP/1.1 200"), "{card}");
     drop(idle);
 }
+
+#[test]
+fn only_a_bridge_with_remote_callers_keeps_the_index_list_tasks_needs() {
+    let has_pair_index = |bridge: &Bridge| -> bool {
+        bridge.doorbell(&["daemon", "--once"]).ok();
+        let index = bridge.dir().join(".doorbell/index.db");
+        let mut query = std::process::Command::new("python3");
+        query.arg("-c").arg(format!(
+            "import sqlite3; c = sqlite3.connect({:?}); print(c.execute(\"SELECT count(*) FROM sqlite_master WHERE name = 'requests_by_pair'\").fetchone()[0])",
+            index.display().to_string()
+        ));
+        run(query, None).stdout.trim() == "1"
+    };
+    let plain = Bridge::with_agents(&["web", "human"]);
+    assert!(!has_pair_index(&plain));
+    let served = Bridge::with_agents(&["web", "human"]);
+    config(&served, "");
+    assert!(has_pair_index(&served));
+}

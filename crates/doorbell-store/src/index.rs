@@ -81,7 +81,6 @@ CREATE INDEX IF NOT EXISTS requests_open ON requests(due_at) WHERE open;
 CREATE INDEX IF NOT EXISTS requests_open_to ON requests(addressee) WHERE open;
 CREATE INDEX IF NOT EXISTS requests_open_from ON requests(requester) WHERE open;
 CREATE INDEX IF NOT EXISTS requests_closed ON requests(closed_at) WHERE closed_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS requests_by_pair ON requests(addressee, requester, id);
 CREATE TABLE IF NOT EXISTS own(id TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS inboxes(name TEXT PRIMARY KEY, data TEXT NOT NULL, sum INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS intents(id TEXT PRIMARY KEY, inbox TEXT NOT NULL, line TEXT NOT NULL, sum INTEGER NOT NULL) WITHOUT ROWID;
@@ -1077,6 +1076,18 @@ impl IndexWriter {
             }
         }
         tx.commit().map_err(e)
+    }
+
+    /// Make the index `ListTasks` finds a caller's requests by (addressee, requester). Only
+    /// a bridge with `[[remote]]` callers makes it: every save of a request pays for each
+    /// index, and a bridge without callers would pay for nothing (a catch-up of 200,000
+    /// messages took 7% longer with it).
+    pub fn ensure_pair_index(&mut self) -> Result<()> {
+        self.conn
+            .execute_batch(
+                "CREATE INDEX IF NOT EXISTS requests_by_pair ON requests(addressee, requester, id)",
+            )
+            .map_err(sql(&self.path))
     }
 
     /// Write `changes` in one transaction.

@@ -136,6 +136,9 @@ pub(super) fn load_from_index(
         });
     }
     let (mut writer, fresh) = crate::checkpoint::open_index(&index_path)?;
+    if !bridge.config.remotes.is_empty() {
+        writer.ensure_pair_index()?;
+    }
     let mut snapshot = open_snapshot(&index_path)?;
     finish_roll(&state, journal_path, snapshot.segment)?;
     let journal_size = std::fs::metadata(journal_path).map_or(0, |m| m.len());
