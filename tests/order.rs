@@ -23,6 +23,10 @@ struct Open {
 /// One appended line: the inbox it goes to, and the line.
 type Append = (String, String);
 
+/// Each line's verdict and reason, by its inbox, its id and which of the inbox's lines with
+/// that id it is.
+type Verdicts = BTreeMap<String, (String, Option<String>)>;
+
 fn envelope(
     id: &str,
     from: usize,
@@ -181,17 +185,22 @@ fn append(bridge: &Bridge, (inbox, line): &Append) {
     bridge.append_raw(inbox, format!("{line}\n").as_bytes());
 }
 
-/// Every line's verdict, by its id (the judge's own lines left out).
-fn verdicts(bridge: &Bridge) -> BTreeMap<String, (String, Option<String>)> {
-    let mut ids = BTreeMap::new();
+/// Every line's verdict, by its inbox, its id and which of that inbox's lines with that id it
+/// is (the judge's own lines left out).
+fn verdicts(bridge: &Bridge) -> Verdicts {
+    let mut keys = BTreeMap::new();
     for station in STATIONS {
         let mut offset = 0u64;
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
         for line in bridge.lines(station) {
             let value: serde_json::Value = serde_json::from_slice(&line).unwrap();
-            ids.insert(
+            let id = value["id"].as_str().unwrap().to_owned();
+            let n = seen.entry(id.clone()).or_default();
+            keys.insert(
                 (station.to_owned(), offset),
-                value["id"].as_str().unwrap().to_owned(),
+                (id.clone(), format!("{station}/{id}#{n}")),
             );
+            *n += 1;
             offset += line.len() as u64 + 1;
         }
     }
@@ -199,13 +208,14 @@ fn verdicts(bridge: &Bridge) -> BTreeMap<String, (String, Option<String>)> {
         .verdicts()
         .into_iter()
         .filter_map(|(inbox, offset, verdict, reason)| {
-            let id = ids.get(&(inbox, offset))?;
-            (!id.contains(':')).then(|| (id.clone(), (verdict, reason)))
+            let (id, key) = keys.get(&(inbox, offset))?;
+            (!id.contains(':')).then(|| (key.clone(), (verdict, reason)))
         })
         .collect()
 }
 
-fn agree(lines: &[Append]) {
+/// The verdicts of a judge fed each line as it is appended, and of a catch-up over them all.
+fn both(lines: &[Append]) -> (Verdicts, Verdicts) {
     let live = Bridge::in_memory();
     let caught_up = Bridge::in_memory();
     for bridge in [&live, &caught_up] {
@@ -219,7 +229,11 @@ fn agree(lines: &[Append]) {
         append(&caught_up, line);
     }
     caught_up.doorbell(&["daemon", "--once"]).ok();
-    let (live, caught_up) = (verdicts(&live), verdicts(&caught_up));
+    (verdicts(&live), verdicts(&caught_up))
+}
+
+fn agree(lines: &[Append]) {
+    let (live, caught_up) = both(lines);
     assert_eq!(live.len(), lines.len(), "every line judged live");
     assert!(
         live.values().all(|(v, _)| v == "accepted"),
@@ -291,4 +305,100 @@ fn the_issues_crossing_conversation_is_accepted_by_a_catch_up() {
         ),
     ];
     agree(&lines);
+}
+
+#[test]
+fn a_line_reusing_the_id_of_a_waiting_response_waits_behind_it() {
+    // bob's `working` waits for its turn behind ann's malformed response; a note reusing
+    // its id, written after it, must not claim the id first.
+    let lines = vec![
+        envelope("r1", 0, 1, "request", r#","state":"submitted""#, 1, "ETA?"),
+        envelope(
+            "q3",
+            0,
+            1,
+            "response",
+            r#","correlatesTo":"r1","state":"wroking""#,
+            3,
+            "typo",
+        ),
+        envelope(
+            "x1",
+            1,
+            0,
+            "response",
+            r#","correlatesTo":"r1","state":"working""#,
+            4,
+            "on it",
+        ),
+        envelope("x1", 1, 0, "note", "", 5, "the same id again"),
+    ];
+    let (live, caught_up) = both(&lines);
+    assert_eq!(live["ann/x1#0"].0, "accepted", "{live:?}");
+    assert_eq!(caught_up, live);
+}
+
+#[test]
+fn a_response_the_scan_cannot_read_never_passes_its_own_inboxs_earlier_lines() {
+    // bob's `completed` is written with `message` first and a "kind" inside it: the quick
+    // scan reads that "kind", not the envelope's. It must still come after bob's `working`.
+    let completed = r#"{"message":{"role":"agent","parts":[{"type":"data","data":{"kind":"invoice"}}]},"id":"s5","from":"bob","to":"ann","kind":"response","correlatesTo":"r1","state":"completed","createdAt":"2026-12-01T10:00:00.035Z"}"#;
+    let lines = vec![
+        envelope("r1", 0, 1, "request", r#","state":"submitted""#, 7, "ETA?"),
+        envelope(
+            "s2",
+            1,
+            0,
+            "response",
+            r#","correlatesTo":"r1","state":"input-required""#,
+            14,
+            "which?",
+        ),
+        envelope(
+            "q3",
+            0,
+            1,
+            "response",
+            r#","correlatesTo":"r1","state":"working""#,
+            21,
+            "this one",
+        ),
+        envelope(
+            "s4",
+            1,
+            0,
+            "response",
+            r#","correlatesTo":"r1","state":"working""#,
+            28,
+            "on it",
+        ),
+        ("ann".to_owned(), completed.to_owned()),
+    ];
+    agree(&lines);
+}
+
+#[test]
+fn a_blank_run_read_again_in_a_later_pass_has_one_verdict() {
+    let bridge = Bridge::in_memory();
+    for station in STATIONS {
+        bridge.doorbell(&["agent", "add", station]).ok();
+    }
+    // A response to a request nowhere makes the sweep read every inbox again.
+    let (_, orphan) = envelope(
+        "s1",
+        1,
+        0,
+        "response",
+        r#","correlatesTo":"r9","state":"working""#,
+        1,
+        "?",
+    );
+    bridge.append_raw("ann", format!("{orphan}\n\n\n\n").as_bytes());
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let blank: Vec<_> = bridge
+        .verdicts()
+        .into_iter()
+        .filter(|(_, _, _, reason)| reason.as_deref() == Some("bad-json"))
+        .collect();
+    assert_eq!(blank.len(), 1, "{blank:?}");
 }

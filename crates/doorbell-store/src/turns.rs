@@ -49,8 +49,8 @@ struct Queue {
 #[derive(Debug, Default)]
 pub(crate) struct Turns {
     queues: HashMap<String, Queue>,
-    /// Each line in a turn, and the request whose turn it is in.
-    at: HashMap<Place, String>,
+    /// Each line in a turn: the request whose turn it is in, and its place in that queue.
+    at: HashMap<Place, (String, usize)>,
 }
 
 /// The value of a string field (`"key": "value"`) of a JSON line, found without parsing it.
@@ -124,8 +124,8 @@ impl Turns {
                 continue;
             };
             let lines: Vec<Place> = keyed.into_iter().map(|(_, place)| place).collect();
-            for place in &lines {
-                turns.at.insert(place.clone(), request.clone());
+            for (position, place) in lines.iter().enumerate() {
+                turns.at.insert(place.clone(), (request.clone(), position));
             }
             turns.queues.insert(request, Queue { lines, next: 0 });
         }
@@ -134,17 +134,38 @@ impl Turns {
 
     /// Whether the line at `place` may be judged now: it takes no turn, or its turn came.
     pub fn may_judge(&self, place: &Place) -> bool {
-        let Some(request) = self.at.get(place) else {
+        let Some((request, _)) = self.at.get(place) else {
             return true;
         };
         let queue = &self.queues[request];
         queue.lines.get(queue.next) == Some(place)
     }
 
+    /// A response the scan did not see (appended since, or one it could not read without
+    /// parsing) to `request`, at `place`: it joins the end of the request's turns when a line
+    /// of its own inbox still waits there, so that it never passes one written before it.
+    /// Returns whether it must wait.
+    pub fn join(&mut self, place: &Place, request: &str) -> bool {
+        if self.at.contains_key(place) {
+            return !self.may_judge(place);
+        }
+        let Some(queue) = self.queues.get_mut(request) else {
+            return false;
+        };
+        let behind = queue.lines[queue.next..].iter().any(|p| p.0 == place.0);
+        if !behind {
+            return false;
+        }
+        self.at
+            .insert(place.clone(), (request.to_owned(), queue.lines.len()));
+        queue.lines.push(place.clone());
+        true
+    }
+
     /// The line at `place` was judged: its request's turn moves on. Returns the place whose
     /// turn it is now.
     pub fn judged(&mut self, place: &Place) -> Option<Place> {
-        let request = self.at.remove(place)?;
+        let (request, _) = self.at.remove(place)?;
         let queue = self.queues.get_mut(&request)?;
         if queue.lines.get(queue.next) == Some(place) {
             queue.next += 1;
@@ -155,9 +176,7 @@ impl Turns {
     /// Where `place` stands among the waiting: its request and its turn, for judging what
     /// still waits at the end of a sweep in the order of the turns.
     pub fn order_of(&self, place: &Place) -> Option<(String, usize)> {
-        let request = self.at.get(place)?;
-        let position = self.queues[request].lines.iter().position(|p| p == place)?;
-        Some((request.clone(), position))
+        self.at.get(place).cloned()
     }
 }
 

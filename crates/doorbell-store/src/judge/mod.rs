@@ -301,15 +301,16 @@ impl Judge {
         }
         rest.sort_by(|a, b| (&a.inbox, a.offset).cmp(&(&b.inbox, b.offset)));
         // What still waits for its turn (the line before it was never judged in this sweep)
-        // is judged now, in the order of the turns.
+        // is judged now, in the order of the turns, and before the held lines: a line with
+        // the id of a waiting one waits among them.
         let mut waiting: Vec<(Option<(String, usize)>, Held)> = held
             .waiting
             .drain()
             .map(|(place, line)| (held.turns.order_of(&place), line))
             .collect();
         waiting.sort_by(|a, b| a.0.cmp(&b.0));
-        rest.extend(waiting.into_iter().map(|(_, line)| line));
-        for line in rest {
+        let lines = waiting.into_iter().map(|(_, line)| line).chain(rest);
+        for line in lines {
             self.judge_held(&line, None, now, &mut stats)?;
         }
         self.journal.flush()?;

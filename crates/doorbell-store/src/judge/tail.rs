@@ -21,6 +21,15 @@ use crate::{Error, Result};
 /// At most this many inbox files are kept open (to drain a replaced file's old inode).
 pub(super) const OPEN_FILES: usize = 256;
 
+/// Whether the line at `offset` lies within a verdict already journaled past where judging
+/// stopped: at one of its offsets, or inside a blank run judged as one.
+fn covered(beyond: &std::collections::BTreeMap<u64, u64>, offset: u64) -> bool {
+    beyond
+        .range(..=offset)
+        .next_back()
+        .is_some_and(|(start, span)| offset < start + span)
+}
+
 /// A line of nothing but white space: no message, never accepted.
 pub(crate) fn is_blank(bytes: &[u8]) -> bool {
     bytes.iter().all(|b| matches!(b, b' ' | b'\t' | b'\r'))
@@ -233,7 +242,7 @@ impl Judge {
                 return Err(Error::Interrupted);
             }
             if let Line::Complete { offset, bytes } = &line {
-                if is_blank(bytes) && !beyond.contains_key(offset) && !holding.contains(offset) {
+                if is_blank(bytes) && !covered(&beyond, *offset) && !holding.contains(offset) {
                     let end = offset + bytes.len() as u64 + 1;
                     match &mut blank {
                         Some((_, run_end)) if *run_end == *offset => *run_end = end,
@@ -246,7 +255,7 @@ impl Judge {
                 }
             }
             self.refuse_blanks(name, gen, blank.take(), now, stats)?;
-            if beyond.contains_key(&line.offset()) || holding.contains(&line.offset()) {
+            if covered(&beyond, line.offset()) || holding.contains(&line.offset()) {
                 return Ok(());
             }
             match line {

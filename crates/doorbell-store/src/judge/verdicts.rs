@@ -34,6 +34,8 @@ pub(super) struct HeldLines {
     pub(super) ids: HashMap<String, String>,
     pub(super) turns: Turns,
     pub(super) waiting: HashMap<Place, Held>,
+    /// The ids of the waiting lines, and where each waits: the line itself is not behind.
+    pub(super) waiting_ids: HashMap<String, Place>,
     /// Waiting lines whose turn came, to be judged by the outermost judging of a line (so
     /// that a long run of them is a loop, not a recursion).
     pub(super) ready: std::collections::VecDeque<Place>,
@@ -64,8 +66,19 @@ impl HeldLines {
         if self.turns.may_judge(place) {
             return false;
         }
+        self.keep_waiting(place, bytes);
+        true
+    }
+
+    /// Keep the line at `place` aside until its turn; a later line with its id waits behind
+    /// it (as behind a held line), so that a reuse never claims the id first.
+    pub(super) fn keep_waiting(&mut self, place: &Place, bytes: &[u8]) {
         let (inbox, gen, offset) = place.clone();
         let id = identity_of(bytes).0.unwrap_or_default();
+        if !id.is_empty() && !self.ids.contains_key(&id) {
+            self.ids.insert(id.clone(), turn_bucket(&id));
+            self.waiting_ids.insert(id.clone(), place.clone());
+        }
         self.waiting.insert(
             place.clone(),
             Held {
@@ -76,7 +89,6 @@ impl HeldLines {
                 id,
             },
         );
-        true
     }
 }
 
@@ -102,6 +114,12 @@ pub(super) fn notice_covers(bytes: &[u8]) -> Vec<String> {
             ))
         })
         .collect()
+}
+
+/// The bucket that lines with the id of a line waiting for its turn wait in: no request's id
+/// (ids have no NUL).
+pub(super) fn turn_bucket(id: &str) -> String {
+    format!("\0turn\0{id}")
 }
 
 /// The id and sender a line claims, read as leniently as possible, for telling the sender
@@ -149,13 +167,24 @@ impl Judge {
         }
         let (verdict, envelope, sealed) = self.judge_bytes(name, bytes);
         if let (Some(envelope), Some(held)) = (&envelope, held.as_deref_mut()) {
+            // A response the scan did not see takes its turn behind its own inbox's lines.
+            if let (Kind::Response, Some(request)) = (envelope.kind, &envelope.correlates_to) {
+                if held.turns.join(&place, request) {
+                    held.keep_waiting(&place, bytes);
+                    return Ok(());
+                }
+            }
             let unknown_request = matches!(
                 &verdict,
                 Verdict::Refused(refusal) if refusal.reason == RefusalReason::UnknownRequest
             );
             // A line whose id a held line already carries is judged after it, as it was
             // written after it: otherwise a reuse would claim the id first.
-            let behind = held.ids.get(&*envelope.id).cloned();
+            let behind = held
+                .ids
+                .get(&*envelope.id)
+                .filter(|_| held.waiting_ids.get(&*envelope.id) != Some(&place))
+                .cloned();
             let bucket = match (unknown_request, behind) {
                 (_, Some(request)) => Some(request),
                 (true, None) => Some(
@@ -230,13 +259,39 @@ impl Judge {
         let Some(held) = held else {
             return Ok(());
         };
+        let id = envelope.as_ref().map(|e| e.id.to_string());
+        self.after_judged(held, &place, id.as_deref(), new_request, now, stats)
+    }
+
+    /// What a line's verdict lets go: the lines held for its request (when it is one), those
+    /// with its id that waited behind it, and the next response of its conversation.
+    fn after_judged(
+        &mut self,
+        held: &mut HeldLines,
+        place: &Place,
+        id: Option<&str>,
+        new_request: Option<String>,
+        now: DateTime<Utc>,
+        stats: &mut CatchUp,
+    ) -> Result<()> {
+        // Lines with the id of a line that waited for its turn waited behind it: now theirs.
+        if let Some(id) = id {
+            let bucket = turn_bucket(id);
+            if held.ids.get(id) == Some(&bucket) && held.waiting_ids.get(id) == Some(place) {
+                held.ids.remove(id);
+                held.waiting_ids.remove(id);
+                for line in held.release(&bucket) {
+                    self.judge_held(&line, Some(held), now, stats)?;
+                }
+            }
+        }
         // Lines that were waiting for this request can be judged now.
         if let Some(id) = new_request {
             for line in held.release(&id) {
                 self.judge_held(&line, Some(held), now, stats)?;
             }
         }
-        self.next_turn(held, &place, now, stats)
+        self.next_turn(held, place, now, stats)
     }
 
     /// Judge a line that was held.
@@ -300,6 +355,15 @@ impl Judge {
             let Ok(meta) = file.metadata() else {
                 continue;
             };
+            // A name whose file is another inbox's (a hard link, a rename) is never judged:
+            // its lines take no turns.
+            if self
+                .snapshot
+                .same_file_as_another(name, &file, &meta)
+                .is_some()
+            {
+                continue;
+            }
             let (gen, from, judged) = match self.snapshot.inboxes.get(name) {
                 Some(known) if (known.dev, known.ino) == (meta.dev(), meta.ino()) => {
                     (known.gen, known.judged_to, Some(&known.judged_beyond))
