@@ -413,17 +413,7 @@ fn bad_requests_get_the_specs_errors_and_append_nothing() {
     assert_eq!(status, 404);
 
     // A cancel of a closed task is TaskNotCancelable, and appends nothing either.
-    bridge
-        .doorbell(&[
-            "reply",
-            &task,
-            "--from",
-            "web",
-            "--state",
-            "completed",
-            "done",
-        ])
-        .ok();
+    bridge.reply(&task, "web", "completed", &[], "done");
     bridge.doorbell(&["wait", &task, "--timeout", "10s"]).ok();
     let before: Vec<Vec<Vec<u8>>> = {
         let mut after_reply = before;
@@ -479,19 +469,13 @@ fn export_gives_the_ledgers_requests_as_a2a_tasks() {
     let ask = |text: &str| bridge.request("design", "web", text);
     let done = ask("ETA for the footer?");
     let open = ask("And the header?");
-    bridge
-        .doorbell(&[
-            "reply",
-            &done,
-            "--from",
-            "web",
-            "--state",
-            "completed",
-            "--data",
-            r#"{"eta":"Friday"}"#,
-            "Friday",
-        ])
-        .ok();
+    bridge.reply(
+        &done,
+        "web",
+        "completed",
+        &["--data", r#"{"eta":"Friday"}"#],
+        "Friday",
+    );
     let export = |args: &[&str]| -> Vec<Value> {
         let mut all = vec!["export", "--a2a"];
         all.extend_from_slice(args);
@@ -661,11 +645,7 @@ fn a_tasks_history_holds_only_what_passed_between_its_two_sides() {
             "design wants an ETA",
         ])
         .ok();
-    bridge
-        .doorbell(&[
-            "reply", &task, "--from", "web", "--state", "working", "on it",
-        ])
-        .ok();
+    bridge.reply(&task, "web", "working", &[], "on it");
     let (_, got) = rpc(&addr, Some(TOKEN), &call("GetTask", &json!({"id": task})));
     let texts: Vec<&str> = got["result"]["history"]
         .as_array()

@@ -144,22 +144,14 @@ fn the_seed_exchange_goes_across_with_debts_and_rings_on_both_sides() {
     assert_eq!(rung[0]["correlatesTo"], Value::from(id.clone()));
     assert!(debts(&pair.b)[0].4 >= 1);
     // web answers working, then completed; design's wait on A ends completed.
-    pair.b
-        .doorbell(&["reply", &id, "--from", "web", "--state", "working", "on it"])
-        .ok();
-    pair.b
-        .doorbell(&[
-            "reply",
-            &id,
-            "--from",
-            "web",
-            "--state",
-            "completed",
-            "--data",
-            r#"{"eta":"Friday"}"#,
-            "Friday",
-        ])
-        .ok();
+    pair.b.reply(&id, "web", "working", &[], "on it");
+    pair.b.reply(
+        &id,
+        "web",
+        "completed",
+        &["--data", r#"{"eta":"Friday"}"#],
+        "Friday",
+    );
     let waited = pair.a.doorbell(&["wait", &id, "--timeout", "30s"]);
     assert_eq!(waited.code, 0, "{}{}", waited.stdout, waited.stderr);
     assert!(waited.stdout.contains("completed"), "{}", waited.stdout);
@@ -192,17 +184,7 @@ fn the_other_bridge_asks_too() {
         (&arrived[0]["id"], &arrived[0]["from"]),
         (&Value::from(id.clone()), &Value::from("web"))
     );
-    pair.a
-        .doorbell(&[
-            "reply",
-            &id,
-            "--from",
-            "design",
-            "--state",
-            "completed",
-            "SVG",
-        ])
-        .ok();
+    pair.a.reply(&id, "design", "completed", &[], "SVG");
     let waited = pair.b.doorbell(&["wait", &id, "--timeout", "30s"]);
     assert_eq!(waited.code, 0, "{}{}", waited.stdout, waited.stderr);
     let answer = read_wait(&pair.b, "web");
@@ -284,22 +266,10 @@ fn exchanges_survive_sigkills(exchanges: usize, seed: u64) {
                 );
             },
             &|| {
-                pair.b
-                    .doorbell(&["reply", &id, "--from", "web", "--state", "working", "on it"])
-                    .ok();
+                pair.b.reply(&id, "web", "working", &[], "on it");
             },
             &|| {
-                pair.b
-                    .doorbell(&[
-                        "reply",
-                        &id,
-                        "--from",
-                        "web",
-                        "--state",
-                        "completed",
-                        "done",
-                    ])
-                    .ok();
+                pair.b.reply(&id, "web", "completed", &[], "done");
             },
         ];
         for (step, run) in steps.iter().enumerate() {

@@ -86,8 +86,7 @@ impl Model {
 
     /// The addressee's next state.
     fn answer(&mut self, n: usize, request: usize, b: u8) {
-        let request = &mut self.open[request];
-        let next: &[&'static str] = match request.state {
+        let next: &[&'static str] = match self.open[request].state {
             "submitted" => &[
                 "working",
                 "input-required",
@@ -98,38 +97,43 @@ impl Model {
             "working" => &["working", "input-required", "completed", "failed"],
             _ => &["working", "completed", "failed"],
         };
-        let state = next[b as usize % next.len()];
-        let extra = format!(r#","correlatesTo":"{}","state":"{state}""#, request.id);
-        self.lines.push(envelope(
+        self.respond(
             &format!("s{n}"),
-            request.addressee,
-            request.requester,
-            "response",
-            &extra,
-            n * 7,
-            state,
-        ));
-        request.state = state;
+            n,
+            request,
+            false,
+            next[b as usize % next.len()],
+        );
     }
 
     /// The requester's input (after input-required) or its cancel.
     fn input_or_cancel(&mut self, n: usize, request: usize, b: u8) {
-        let request = &mut self.open[request];
-        let state = if request.state == "input-required" && !b.is_multiple_of(3) {
+        let state = if self.open[request].state == "input-required" && !b.is_multiple_of(3) {
             "working"
         } else {
             "canceled"
         };
+        self.respond(&format!("q{n}"), n, request, true, state);
+    }
+
+    /// A response to `request` with `state`, from its requester or its addressee.
+    fn respond(
+        &mut self,
+        id: &str,
+        n: usize,
+        request: usize,
+        requester: bool,
+        state: &'static str,
+    ) {
+        let request = &mut self.open[request];
+        let (from, to) = if requester {
+            (request.requester, request.addressee)
+        } else {
+            (request.addressee, request.requester)
+        };
         let extra = format!(r#","correlatesTo":"{}","state":"{state}""#, request.id);
-        self.lines.push(envelope(
-            &format!("q{n}"),
-            request.requester,
-            request.addressee,
-            "response",
-            &extra,
-            n * 7,
-            state,
-        ));
+        self.lines
+            .push(envelope(id, from, to, "response", &extra, n * 7, state));
         request.state = state;
     }
 

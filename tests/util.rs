@@ -162,6 +162,15 @@ impl Bridge {
         .to_owned()
     }
 
+    /// `doorbell reply ID --from FROM --state STATE [EXTRA…] TEXT`, which must succeed.
+    #[track_caller]
+    pub fn reply(&self, id: &str, from: &str, state: &str, extra: &[&str], text: &str) {
+        let mut args = vec!["reply", id, "--from", from, "--state", state];
+        args.extend_from_slice(extra);
+        args.push(text);
+        self.doorbell(&args).ok();
+    }
+
     /// Run `doorbell ARGS` with `stdin` as its standard input.
     pub fn doorbell_stdin(&self, args: &[&str], stdin: &[u8]) -> Run {
         run(self.command(args), Some(stdin))
