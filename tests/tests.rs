@@ -27,3 +27,4 @@ mod senders;
 mod setup;
 mod torture;
 mod waiting;
+mod watchers;

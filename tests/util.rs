@@ -215,7 +215,10 @@ impl Bridge {
     pub fn journal(&self) -> Vec<serde_json::Value> {
         let text =
             std::fs::read_to_string(self.dir().join(".doorbell/journal.jsonl")).unwrap_or_default();
-        text.lines()
+        // A record the judge is still writing has no newline yet: not a record so far.
+        let complete = text.rfind('\n').map_or("", |end| &text[..=end]);
+        complete
+            .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
     }

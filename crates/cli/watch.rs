@@ -1,13 +1,18 @@
 //! `doorbell watch`: print an agent's backlog, then each new accepted message as it is
-//! judged. It follows the journal as the judge appends to it (no replay, no polling); the
-//! cursor moves only after the output was flushed; a closed pipe ends it quietly. With no
-//! daemon running, it judges what arrives itself, briefly taking the lock each time.
+//! judged. A running daemon tells it what it journals over its socket (`.doorbell/watch.sock`);
+//! otherwise it follows the journal file as the judge appends to it. Either way no replay and
+//! no polling; the cursor moves only after the output was flushed; a closed pipe ends it
+//! quietly. With no daemon running, it judges what arrives itself, briefly taking the lock
+//! each time.
 
 use std::os::unix::fs::MetadataExt;
 
+use doorbell_daemon::tell::{Next, Told};
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor;
+use doorbell_store::journal::Appended;
 use doorbell_store::view::InboxView;
+use doorbell_store::Bridge;
 
 use crate::args::WatchArgs;
 use crate::exit::OK;
@@ -39,8 +44,10 @@ pub fn follow(
 ) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let path = bridge.require_inbox(agent)?;
-    let events = Events::new(&bridge)?;
+    // Told, or watching the files, before reading anything: no change between is missed.
+    let mut source = Source::start(&bridge)?;
     let mut inbox = open_inbox(&path, false)?;
+    let mut inbox_identity = identity(&inbox)?;
     let position = cursor::load(&bridge, agent, &inbox)?;
     warn_replaced(agent, position);
     let mut printed_to = position.offset();
@@ -53,7 +60,7 @@ pub fn follow(
     };
     let mut out = std::io::stdout().lock();
     loop {
-        if identity(&inbox)? == (journal.journal.dev, journal.journal.ino) {
+        if inbox_identity == (journal.journal.dev, journal.journal.ino) {
             // One reader of the agent at a time; another may have read on meanwhile.
             let _reading = cursor::reading(&bridge, agent)?;
             if let cursor::Position::At(at) = cursor::load(&bridge, agent, &inbox)? {
@@ -77,33 +84,92 @@ pub fn follow(
                 }
             }
         }
-        match until {
-            Until::Stopped => {
-                events.wait(None);
-            }
-            Until::FirstMessages(deadline) => {
-                if !events.wait(Some(deadline)) && std::time::Instant::now() >= deadline {
-                    eprintln!("doorbell: nothing arrived for {agent} before the timeout");
-                    return Ok(crate::wait::TIMED_OUT);
-                }
-            }
-        }
-        if events.take_unjudged() {
-            judge_if_idle(&bridge)?;
-        }
+        let deadline = match until {
+            Until::Stopped => None,
+            Until::FirstMessages(deadline) => Some(deadline),
+        };
         let gen = journal.journal.gen;
-        follower.follow(&mut journal)?;
+        match source.next(&bridge, deadline)? {
+            Change::Appended(appended) => follower.take(&appended, &mut journal)?,
+            Change::Files => follower.follow(&mut journal)?,
+            Change::TimedOut => {
+                eprintln!("doorbell: nothing arrived for {agent} before the timeout");
+                return Ok(crate::wait::TIMED_OUT);
+            }
+        }
         // The judge started a new generation (truncated, replaced, recreated): start over,
         // on the file the judge is reading now.
         if journal.journal.gen != gen {
             printed_to = 0;
         }
         let judged = (journal.journal.dev, journal.journal.ino);
-        if identity(&inbox)? != judged {
+        if inbox_identity != judged {
             if let Ok(current) = open_inbox(&path, false) {
                 if identity(&current)? == judged {
                     inbox = current;
+                    inbox_identity = judged;
                 }
+            }
+        }
+    }
+}
+
+/// Where a follower learns that the journal grew: the daemon's socket, or file events.
+enum Source {
+    Told(Told),
+    Files(Events),
+}
+
+/// What changed.
+enum Change {
+    /// The daemon told what it appended to the journal.
+    Appended(Appended),
+    /// Files changed: read the journal.
+    Files,
+    TimedOut,
+}
+
+impl Source {
+    fn start(bridge: &Bridge) -> anyhow::Result<Source> {
+        Ok(match Told::connect(&bridge.state_dir()?) {
+            Some(told) => Source::Told(told),
+            None => Source::Files(Events::new(bridge)?),
+        })
+    }
+
+    /// Wait for the next change, until `deadline` if one is given.
+    fn next(
+        &mut self,
+        bridge: &Bridge,
+        deadline: Option<std::time::Instant>,
+    ) -> anyhow::Result<Change> {
+        match self {
+            Source::Told(told) => match told.next(deadline) {
+                Next::Appended(appended) => Ok(Change::Appended(appended)),
+                Next::TimedOut => Ok(Change::TimedOut),
+                Next::Gone => {
+                    // The daemon stopped (or let this watcher go): watch the files from now
+                    // on, and judge at once what it may have left unjudged.
+                    *self = Source::Files(Events::new(bridge)?);
+                    judge_if_idle(bridge)?;
+                    Ok(Change::Files)
+                }
+            },
+            Source::Files(events) => {
+                if !events.wait(deadline)
+                    && deadline.is_some_and(|at| std::time::Instant::now() >= at)
+                {
+                    return Ok(Change::TimedOut);
+                }
+                if events.take_unjudged() {
+                    judge_if_idle(bridge)?;
+                }
+                // A daemon that started meanwhile tells from now on; what came before is
+                // read from the journal now.
+                if let Some(told) = Told::connect(&bridge.state_dir()?) {
+                    *self = Source::Told(told);
+                }
+                Ok(Change::Files)
             }
         }
     }

@@ -11,6 +11,7 @@ use doorbell_store::judge::Arrival;
 use doorbell_store::{CatchUp, Config, Judge};
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::tell::Watchers;
 use crate::Ready;
 
 /// How often a notice that could not be written is tried again.
@@ -81,8 +82,12 @@ pub fn run(
     mut judge: Judge,
     inputs: &Receiver<Input>,
     arrivals: &UnboundedSender<(String, Arrival)>,
+    watchers: Option<&Watchers>,
     ready: impl FnOnce(&Ready),
 ) -> doorbell_store::Result<()> {
+    if watchers.is_some() {
+        judge.keep_journal_copy();
+    }
     // A long-running judge rings from memory: every open request is there. Its saves run
     // on their own thread from the start, the start-up catch-up's included.
     judge.keep_open_in_memory()?;
@@ -93,6 +98,7 @@ pub fn run(
         other => other?,
     };
     judge.checkpoint()?;
+    tell(&mut judge, watchers);
     announce(&stats, arrivals);
     ready(&Ready {
         dir: judge.bridge().dir().to_path_buf(),
@@ -127,6 +133,7 @@ pub fn run(
             Err(doorbell_store::Error::Interrupted) => break,
             Err(e) => failed(&mut due, &e),
         }
+        tell(&mut judge, watchers);
     }
     if let Err(error) = judge.settle() {
         // The journal has what the index missed; the next start replays it.
@@ -251,6 +258,19 @@ fn step(
             };
     }
     Ok(())
+}
+
+/// Hand the watchers what was journaled since they were last told. A failure here is the
+/// journal's own (its next write fails too, and is handled there).
+fn tell(judge: &mut Judge, watchers: Option<&Watchers>) {
+    let Some(watchers) = watchers else {
+        return;
+    };
+    match judge.take_appended() {
+        Ok(Some(appended)) => watchers.tell(&appended),
+        Ok(None) => {}
+        Err(error) => tracing::debug!(%error, "nothing told to the watchers"),
+    }
 }
 
 /// Write the board from what is journaled now; a failure is logged, never fatal.

@@ -8,6 +8,7 @@
 
 mod hooks;
 mod judging;
+pub mod tell;
 pub mod waiter;
 mod watcher;
 
@@ -74,8 +75,19 @@ pub async fn run(
     let (arrivals_tx, mut arrivals_rx) = tokio::sync::mpsc::unbounded_channel();
     let (config_tx, config_rx) =
         tokio::sync::watch::channel(Arc::new(options.bridge.config.clone()));
-    let judging =
-        tokio::task::spawn_blocking(move || judging::run(judge, &receiver, &arrivals_tx, ready));
+    // Watchers are told what is journaled directly; without the socket they read the file.
+    let watchers = options
+        .bridge
+        .state_dir()
+        .map_err(std::io::Error::other)
+        .and_then(|state| tell::Watchers::listen(&state))
+        .inspect_err(|error| {
+            tracing::warn!(%error, "cannot listen for watchers: they follow the journal file");
+        })
+        .ok();
+    let judging = tokio::task::spawn_blocking(move || {
+        judging::run(judge, &receiver, &arrivals_tx, watchers.as_ref(), ready)
+    });
     let cancel = CancellationToken::new();
     let mut hooks = hooks::Hooks::new(config_rx, cancel.clone());
     let mut hangup = signal(SignalKind::hangup()).map_err(Error::Signals)?;

@@ -844,7 +844,33 @@ pub struct JournalWriter {
     /// The journal's length once everything buffered is written.
     len: u64,
     scratch: Vec<u8>,
+    /// The file's device and inode: what a copy of its bytes names.
+    identity: (u64, u64),
+    /// A copy of what was appended since it was last taken, while someone wants one.
+    copy: Option<Appended>,
 }
+
+/// Bytes appended to the journal file `dev`/`ino` from `from` on: whole records. The daemon
+/// hands them to its watchers, who read them as if from the file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Appended {
+    pub dev: u64,
+    pub ino: u64,
+    pub from: u64,
+    pub bytes: Vec<u8>,
+}
+
+impl Appended {
+    /// Where the bytes end in the file.
+    #[must_use]
+    pub fn to(&self) -> u64 {
+        self.from + self.bytes.len() as u64
+    }
+}
+
+/// A copy of appended bytes longer than this is let go (and the next starts where the journal
+/// stands): a watcher that needs them reads the file.
+const COPY_BYTES: usize = 1 << 20;
 
 impl JournalWriter {
     /// Open the journal for appending, cutting off a torn last record at `valid_len`.
@@ -857,10 +883,8 @@ impl JournalWriter {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)
             .map_err(Error::io("open journal", path))?;
-        let len = file
-            .metadata()
-            .map_err(Error::io("stat journal", path))?
-            .len();
+        let meta = file.metadata().map_err(Error::io("stat journal", path))?;
+        let len = meta.len();
         if len > valid_len {
             tracing::warn!(path = %path.display(), cut = len - valid_len, "cutting a torn record off the journal");
             file.set_len(valid_len)
@@ -875,7 +899,44 @@ impl JournalWriter {
             path: path.to_path_buf(),
             len: valid_len,
             scratch: Vec::with_capacity(1024),
+            identity: (meta.dev(), meta.ino()),
+            copy: None,
         })
+    }
+
+    /// Keep a copy of every record appended from now on, for [`JournalWriter::take_copy`].
+    pub fn keep_copy(&mut self) {
+        self.copy.get_or_insert_with(|| Appended {
+            dev: self.identity.0,
+            ino: self.identity.1,
+            from: self.len,
+            bytes: Vec::new(),
+        });
+    }
+
+    /// Whether a copy is kept.
+    #[must_use]
+    pub fn keeps_copy(&self) -> bool {
+        self.copy.is_some()
+    }
+
+    /// Everything appended since the last call, written to the file first (`None` when no
+    /// copy is kept or nothing was appended).
+    pub fn take_copy(&mut self) -> Result<Option<Appended>> {
+        if self.copy.as_ref().is_none_or(|copy| copy.bytes.is_empty()) {
+            return Ok(None);
+        }
+        self.flush()?;
+        let Some(copy) = &mut self.copy else {
+            return Ok(None);
+        };
+        let next = Appended {
+            dev: copy.dev,
+            ino: copy.ino,
+            from: self.len,
+            bytes: Vec::new(),
+        };
+        Ok(Some(std::mem::replace(copy, next)))
     }
 
     /// The writer, or the error that it already failed.
@@ -896,6 +957,7 @@ impl JournalWriter {
 
     /// Close the writer without writing what it still buffers; every later call fails.
     pub fn abandon(&mut self) {
+        self.copy = None;
         if let Some(out) = self.out.take() {
             let (_file, _unwritten) = out.into_parts();
         }
@@ -918,6 +980,15 @@ impl JournalWriter {
         match written {
             Ok(()) => {
                 self.len += len;
+                if let Some(copy) = &mut self.copy {
+                    if copy.bytes.len() + self.scratch.len() > COPY_BYTES {
+                        // Too much for a copy: who follows reads the file.
+                        copy.bytes = Vec::new();
+                        copy.from = self.len;
+                    } else {
+                        copy.bytes.extend_from_slice(&self.scratch);
+                    }
+                }
                 Ok(())
             }
             Err(e) => Err(self.fail(e, "write journal")),
@@ -967,6 +1038,8 @@ pub struct JournalFollower {
     /// it (nothing is appended to it after that), it is read to its end, then the new live
     /// file from its start.
     file: Option<File>,
+    /// The followed file's device and inode.
+    identity: (u64, u64),
     pos: u64,
     reader: LineReader,
 }
@@ -978,6 +1051,7 @@ impl JournalFollower {
         JournalFollower {
             path,
             file: None,
+            identity: (0, 0),
             pos,
             reader: LineReader::new(1 << 26),
         }
@@ -987,11 +1061,16 @@ impl JournalFollower {
     pub fn read(&mut self, each: &mut dyn FnMut(Record)) -> Result<()> {
         loop {
             if self.file.is_none() {
-                match File::open(&self.path) {
-                    Ok(file) => self.file = Some(file),
+                let file = match File::open(&self.path) {
+                    Ok(file) => file,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
                     Err(e) => return Err(Error::io("open journal", &self.path)(e)),
-                }
+                };
+                let meta = file
+                    .metadata()
+                    .map_err(Error::io("stat journal", &self.path))?;
+                self.identity = (meta.dev(), meta.ino());
+                self.file = Some(file);
             }
             let file = self.file.as_ref().expect("opened just now");
             let path = &self.path;
@@ -1003,10 +1082,7 @@ impl JournalFollower {
                 }
                 Ok(())
             })?;
-            let following = file
-                .metadata()
-                .map(|m| (m.dev(), m.ino()))
-                .map_err(Error::io("stat journal", &self.path))?;
+            let following = self.identity;
             let at_path = match std::fs::metadata(&self.path) {
                 Ok(meta) => (meta.dev(), meta.ino()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -1020,6 +1096,39 @@ impl JournalFollower {
             self.pos = 0;
         }
     }
+
+    /// Take the records of `appended` (what the judge says it appended) as if read from the
+    /// file: when they are of the file followed and begin at or before where it stands. False
+    /// when they do not continue it (another file, or bytes missed in between): then
+    /// [`JournalFollower::read`] the file instead.
+    pub fn take(&mut self, appended: &Appended, each: &mut dyn FnMut(Record)) -> Result<bool> {
+        if self.file.is_none()
+            || self.identity != (appended.dev, appended.ino)
+            || appended.from > self.pos
+        {
+            return Ok(false);
+        }
+        let Some(new) = usize::try_from(self.pos - appended.from)
+            .ok()
+            .and_then(|skip| appended.bytes.get(skip..))
+        else {
+            // Read past them already.
+            return Ok(true);
+        };
+        let mut offset = self.pos;
+        for line in new.split_inclusive(|b| *b == b'\n') {
+            let Some(bytes) = line.strip_suffix(b"\n") else {
+                // Not whole records: not what a judge appends; read the file.
+                return Ok(false);
+            };
+            let record =
+                parse_record(bytes).map_err(|bad| bad_record(&self.path, 0, offset, bad))?;
+            each(record);
+            offset += line.len() as u64;
+        }
+        self.pos = offset;
+        Ok(true)
+    }
 }
 
 #[cfg(test)]
@@ -1030,6 +1139,77 @@ mod tests {
         let mut bytes = text.as_bytes().to_vec();
         add_checksum(&mut bytes);
         bytes
+    }
+
+    #[test]
+    fn a_follower_takes_a_copy_of_appended_bytes_only_where_it_continues_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(JOURNAL_FILE);
+        let mut writer = JournalWriter::open(&path, 0).unwrap();
+        writer.keep_copy();
+        let record = |offset| Record::new("web", 0, offset, Word::Accepted, 1);
+        writer.append(&record(0)).unwrap();
+        writer.append(&record(10)).unwrap();
+        let first = writer.take_copy().unwrap().unwrap();
+        assert_eq!(first.from, 0);
+        assert!(writer.take_copy().unwrap().is_none(), "nothing new");
+        writer.append(&record(20)).unwrap();
+        let second = writer.take_copy().unwrap().unwrap();
+        assert_eq!(second.from, first.to());
+
+        let offsets = |follower: &mut JournalFollower, copy: &Appended| {
+            let mut seen = Vec::new();
+            let took = follower
+                .take(copy, &mut |r: Record| seen.push(r.offset))
+                .unwrap();
+            (took, seen)
+        };
+        // A follower that has not read the file yet does not know it: it reads the file.
+        let mut follower = JournalFollower::new(path.clone(), 0);
+        assert_eq!(offsets(&mut follower, &first), (false, vec![]));
+        let mut read = Vec::new();
+        follower.read(&mut |r| read.push(r.offset)).unwrap();
+        assert_eq!(read, [0, 10, 20]);
+        // What it read already is skipped; so is a copy of another file.
+        assert_eq!(offsets(&mut follower, &first), (true, vec![]));
+        assert_eq!(offsets(&mut follower, &second), (true, vec![]));
+        let other = Appended {
+            ino: second.ino + 1,
+            ..second.clone()
+        };
+        writer.append(&record(30)).unwrap();
+        let third = writer.take_copy().unwrap().unwrap();
+        assert_eq!(
+            offsets(
+                &mut follower,
+                &Appended {
+                    from: third.from,
+                    ..other
+                }
+            ),
+            (false, vec![])
+        );
+        // The next copy continues it: taken without reading the file.
+        assert_eq!(offsets(&mut follower, &third), (true, vec![30]));
+        // A copy that starts past where it stands leaves a gap: read the file.
+        writer.append(&record(40)).unwrap();
+        let _missed = writer.take_copy().unwrap().unwrap();
+        writer.append(&record(50)).unwrap();
+        let after_gap = writer.take_copy().unwrap().unwrap();
+        assert_eq!(offsets(&mut follower, &after_gap), (false, vec![]));
+        let mut read = Vec::new();
+        follower.read(&mut |r| read.push(r.offset)).unwrap();
+        assert_eq!(read, [40, 50]);
+        // A copy that overlaps where it stands gives only what is new.
+        writer.append(&record(60)).unwrap();
+        writer.append(&record(70)).unwrap();
+        writer.flush().unwrap();
+        let mut read = Vec::new();
+        follower.read(&mut |r| read.push(r.offset)).unwrap();
+        writer.append(&record(80)).unwrap();
+        let overlapping = writer.take_copy().unwrap().unwrap();
+        assert_eq!(read, [60, 70]);
+        assert_eq!(offsets(&mut follower, &overlapping), (true, vec![80]));
     }
 
     #[test]

@@ -21,7 +21,9 @@ use doorbell_core::{
 
 use crate::append::open_inbox;
 use crate::index::{MessageRow, OtherRow};
-use crate::journal::{journal_path, InboxJournal, JournalFollower, Record, Snapshot, Word};
+use crate::journal::{
+    journal_path, Appended, InboxJournal, JournalFollower, Record, Snapshot, Word,
+};
 use crate::reader::{Line, LineReader};
 use crate::{Bridge, BridgeLock, CatchUp, Judge, Result};
 
@@ -718,6 +720,19 @@ impl Updates {
     /// Bring `inbox` up to date with what was judged since the last call.
     pub fn follow(&mut self, inbox: &mut InboxView) -> Result<()> {
         self.follower.read(&mut |record| inbox.apply(&record))
+    }
+
+    /// Take what the judge says it appended (the daemon tells its watchers) into `inbox`, as
+    /// [`Updates::follow`] would read it from the journal; the journal file itself is read
+    /// when those bytes do not continue where this view stands.
+    pub fn take(&mut self, appended: &Appended, inbox: &mut InboxView) -> Result<()> {
+        if !self
+            .follower
+            .take(appended, &mut |record| inbox.apply(&record))?
+        {
+            self.follow(inbox)?;
+        }
+        Ok(())
     }
 }
 

@@ -357,12 +357,16 @@ impl Judge {
             // Its connection may be to an index that is rebuilt now.
             *saver = crate::checkpoint::Saver::start();
         }
+        let copy = self.journal.keeps_copy();
         self.journal.abandon();
         self.refused_log.abandon();
         let loaded = load(&self.bridge, &self.journal_path)?;
         self.saved_len = loaded.snapshot.journal_len;
         self.snapshot = loaded.snapshot;
         self.journal = loaded.journal;
+        if copy {
+            self.journal.keep_copy();
+        }
         self.refused_log = loaded.refused_log;
         self.index = loaded.index;
         // The open files stay: an old one not yet drained is compared with the reloaded

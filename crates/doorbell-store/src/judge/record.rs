@@ -150,9 +150,13 @@ impl Judge {
         self.index.save(&next)?;
         // From here the live file is the sealed one until it is replaced: a judge that dies
         // now finishes the roll when it starts.
+        let copy = self.journal.keeps_copy();
         self.journal.abandon();
         crate::segments::start_empty(&self.journal_path)?;
         self.journal = JournalWriter::open(&self.journal_path, 0)?;
+        if copy {
+            self.journal.keep_copy();
+        }
         self.snapshot.segment = segment + 1;
         self.snapshot.journal_len = 0;
         self.saved_len = 0;
@@ -167,6 +171,17 @@ impl Judge {
         }
         self.roll()?;
         Ok(true)
+    }
+
+    /// Keep a copy of what is journaled from now on, for [`Judge::take_appended`]: the
+    /// daemon hands it to its watchers, who need not read the journal file for it.
+    pub fn keep_journal_copy(&mut self) {
+        self.journal.keep_copy();
+    }
+
+    /// What was journaled since the last call, written to the file first.
+    pub fn take_appended(&mut self) -> Result<Option<crate::journal::Appended>> {
+        self.journal.take_copy()
     }
 
     /// How far the journal has grown since the last checkpoint.

@@ -1,0 +1,139 @@
+//! A running daemon tells its watchers what it journals over `.doorbell/watch.sock`; a
+//! watcher that loses it (the daemon stops or is killed, or lets it go for not reading)
+//! reads the journal file from where it stands. Either way every accepted line is printed
+//! once, in order.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::util::{line, Bridge, Daemon, Watch};
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn note(id: &str) -> String {
+    format!("{}\n", line(id, "design", "web", "note", ""))
+}
+
+/// How many inotify instances the process holds: a watcher told by the daemon needs none.
+fn inotify_instances(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy() == "anon_inode:inotify")
+        .count()
+}
+
+#[test]
+fn a_watcher_is_told_by_the_daemon_and_reads_the_files_when_it_goes() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let daemon = Daemon::start(&bridge, &[]);
+    let watch = Watch::start(&bridge, "web");
+    let mut printed = Vec::new();
+    for id in ["01TOLDONE", "01TOLDTWO"] {
+        bridge.append_raw("web", note(id).as_bytes());
+        printed.push(watch.next(PATIENCE));
+    }
+    // Told by the daemon: no file events at all.
+    assert_eq!(inotify_instances(watch.id()), 0);
+
+    // The daemon dies: the watcher watches the files and judges what comes itself.
+    daemon.kill();
+    bridge.append_raw("web", note("01ALONE").as_bytes());
+    printed.push(watch.next(PATIENCE));
+    assert_eq!(inotify_instances(watch.id()), 1);
+
+    // A new daemon: the watcher is told by it again from the next change on.
+    let daemon = Daemon::start(&bridge, &[]);
+    for id in ["01TOLDAGAIN", "01TOLDLAST"] {
+        bridge.append_raw("web", note(id).as_bytes());
+        printed.push(watch.next(PATIENCE));
+    }
+    assert_eq!(inotify_instances(watch.id()), 0);
+    // Nothing printed twice: the next line printed is the next one sent.
+    bridge.append_raw("web", note("01SENTINEL").as_bytes());
+    printed.push(watch.next(PATIENCE));
+    assert_eq!(
+        printed,
+        [
+            "01TOLDONE",
+            "01TOLDTWO",
+            "01ALONE",
+            "01TOLDAGAIN",
+            "01TOLDLAST",
+            "01SENTINEL"
+        ]
+    );
+    assert_eq!(bridge.verdicts().len(), 6, "{:?}", bridge.verdicts());
+    daemon.kill();
+}
+
+#[test]
+fn a_watcher_that_stops_reading_is_let_go_and_misses_nothing() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let mut watch = bridge.command(&["watch", "web", "--json"]);
+    watch
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .stdin(Stdio::null());
+    let mut watch = watch.spawn().unwrap();
+    // Nobody reads what it prints: its pipe fills, it stops reading the socket, the
+    // daemon's writes to it fill that too.
+    let mut sent = Vec::new();
+    let mut judged = 0;
+    for batch in 0..12 {
+        let lines: String = (0..200)
+            .map(|n| {
+                let id = format!("01B{batch:02}N{n:03}");
+                let line = note(&id);
+                sent.push(id);
+                line
+            })
+            .collect();
+        bridge.append_raw("web", lines.as_bytes());
+        judged += 200;
+        bridge.wait_for(PATIENCE, "the batch judged", |b| {
+            b.verdict_count() >= judged
+        });
+    }
+    daemon.expect_stderr("a watcher that does not keep up is let go", PATIENCE);
+    // Now it is read: everything, once, in order, the rest from the journal file.
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let printed: Vec<String> = sent
+        .iter()
+        .map(|_| {
+            let value: serde_json::Value =
+                serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+            value["envelope"]["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(printed, sent);
+    // And it goes on: a line sent now is printed next.
+    bridge.append_raw("web", note("01AFTERWARDS").as_bytes());
+    let value: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(value["envelope"]["id"], "01AFTERWARDS");
+    watch.kill().unwrap();
+    watch.wait().unwrap();
+    daemon.kill();
+}
+
+#[test]
+fn a_told_watcher_follows_an_inbox_replaced_under_it() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let daemon = Daemon::start(&bridge, &[]);
+    let watch = Watch::start(&bridge, "web");
+    bridge.append_raw("web", note("01BEFORE").as_bytes());
+    assert_eq!(watch.next(PATIENCE), "01BEFORE");
+    // A new file renamed over the inbox: a new generation, read from its start.
+    let fresh = bridge.dir().join("web-inbox.jsonl.new");
+    std::fs::write(&fresh, note("01REPLACED")).unwrap();
+    std::fs::rename(&fresh, bridge.inbox("web")).unwrap();
+    assert_eq!(watch.next(PATIENCE), "01REPLACED");
+    bridge.append_raw("web", note("01AFTER").as_bytes());
+    assert_eq!(watch.next(PATIENCE), "01AFTER");
+    assert_eq!(inotify_instances(watch.id()), 0);
+    bridge.append_raw("web", note("01SENTINEL").as_bytes());
+    assert_eq!(watch.next(PATIENCE), "01SENTINEL");
+    daemon.kill();
+}
