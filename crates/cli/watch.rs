@@ -90,7 +90,11 @@ pub fn follow(
         };
         let gen = journal.journal.gen;
         match source.next(&bridge, deadline)? {
-            Change::Appended(appended) => follower.take(&appended, &mut journal)?,
+            Change::Appended(appended) => {
+                for appended in &appended {
+                    follower.take(appended, &mut journal)?;
+                }
+            }
             Change::Files => follower.follow(&mut journal)?,
             Change::TimedOut => {
                 eprintln!("doorbell: nothing arrived for {agent} before the timeout");
@@ -122,8 +126,8 @@ enum Source {
 
 /// What changed.
 enum Change {
-    /// The daemon told what it appended to the journal.
-    Appended(Appended),
+    /// The daemon told what it appended to the journal (all it has told so far).
+    Appended(Vec<Appended>),
     /// Files changed: read the journal.
     Files,
     TimedOut,
@@ -145,7 +149,13 @@ impl Source {
     ) -> anyhow::Result<Change> {
         match self {
             Source::Told(told) => match told.next(deadline) {
-                Next::Appended(appended) => Ok(Change::Appended(appended)),
+                Next::Appended(first) => {
+                    // What came meanwhile is printed with it: one print, one cursor move.
+                    let rest = std::iter::from_fn(|| told.ready());
+                    Ok(Change::Appended(
+                        std::iter::once(first).chain(rest).collect(),
+                    ))
+                }
                 Next::TimedOut => Ok(Change::TimedOut),
                 Next::Gone => {
                     // The daemon stopped (or let this watcher go): watch the files from now

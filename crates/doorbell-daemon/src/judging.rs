@@ -3,7 +3,8 @@
 //! arrives, and never wakes otherwise.
 
 use std::collections::BTreeSet;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -42,6 +43,8 @@ pub enum Input {
     Reports,
     /// Use this (validated) config for lines judged from now on.
     Reload(Box<Config>),
+    /// Look at the deadlines again (one came sooner).
+    Wake,
     /// Write what is due, checkpoint, and return.
     Stop,
 }
@@ -72,6 +75,115 @@ struct Batch {
     ring: Option<Instant>,
 }
 
+/// The judge and what it is due to do. The judging thread owns it between its waits; while
+/// it waits, the watch's own thread judges an inbox the moment its event arrives (no hop
+/// from one thread to another on the way from an append to a verdict).
+struct Judging {
+    judge: Judge,
+    due: Deadlines,
+    arrivals: UnboundedSender<(String, Arrival)>,
+    /// Who is told what was journaled, after every step.
+    watchers: Option<Watchers>,
+    /// When the judging thread wakes next unless an input comes (`None`: only for one).
+    sleeps_until: Option<Instant>,
+}
+
+/// Where the judge sits: empty before the start-up catch-up is done and once stopping began.
+#[derive(Debug, Clone, Default)]
+pub struct Seat(Arc<Mutex<Option<Judging>>>);
+
+impl std::fmt::Debug for Judging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Judging").finish_non_exhaustive()
+    }
+}
+
+impl Seat {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Judging>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Judge `inbox` now, on the calling thread (the watch's): true when done. False when the
+    /// judging thread must (the start-up catch-up is not done, the daemon is stopping, or
+    /// writes fail and wait for their retry): then hand it the hint.
+    pub fn judge_now(&self, inbox: &str, inputs: &Sender<Input>) -> bool {
+        let mut seat = self.lock();
+        let Some(judging) = seat.as_mut() else {
+            return false;
+        };
+        if judging.due.retry.is_some() {
+            return false;
+        }
+        let batch = Batch {
+            dirty: BTreeSet::from([inbox.to_owned()]),
+            ..Batch::default()
+        };
+        judging.act(batch);
+        // The judging thread sleeps until its first deadline: wake it when one came sooner.
+        let next = judging.next_wake();
+        if next.is_some_and(|at| judging.sleeps_until.is_none_or(|until| at < until)) {
+            judging.sleeps_until = next;
+            let _ = inputs.send(Input::Wake);
+        }
+        true
+    }
+}
+
+impl Judging {
+    /// The first of the judge's own deadlines: the notice window, the next ring, the board,
+    /// the next checkpoint, or the retry while writes fail.
+    fn next_wake(&self) -> Option<Instant> {
+        if self.due.retry.is_some() {
+            return self.due.retry;
+        }
+        let ring = self.judge.next_due().map(|at| {
+            let wait = (at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+            Instant::now() + wait
+        });
+        [self.due.notice, self.due.checkpoint, self.due.board, ring]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Do what `batch` asks, tell the watchers, announce the arrivals. False once judging
+    /// must stop (an interrupted sweep).
+    fn act(&mut self, mut batch: Batch) -> bool {
+        if let Some(config) = batch.config.take() {
+            if let Err(e) = self.judge.set_config(config) {
+                failed(&mut self.due, &e);
+            }
+        }
+        // While writes fail, inputs only wait for the retry (which reads everything anyway).
+        if self.due.retry.is_some_and(|at| Instant::now() < at) {
+            return true;
+        }
+        batch.ring = self.judge.next_due().map(|at| {
+            let wait = (at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
+            Instant::now() + wait
+        });
+        let mut arrived = CatchUp::default();
+        let going_on = match step(&mut self.judge, batch, &mut self.due, &mut arrived) {
+            Ok(()) => {
+                if self.due.retry.take().is_some() {
+                    tracing::info!("writing works again: judging resumed");
+                    self.due.backoff = Duration::ZERO;
+                }
+                true
+            }
+            Err(doorbell_store::Error::Interrupted) => false,
+            Err(e) => {
+                failed(&mut self.due, &e);
+                true
+            }
+        };
+        // The watchers first: they are what an agent is looking at.
+        tell(&mut self.judge, self.watchers.as_ref());
+        announce(&self.judge, &arrived, &self.arrivals);
+        going_on
+    }
+}
+
 /// Judge until told to stop. Arrivals of accepted lines go to `arrivals` for the hooks.
 ///
 /// A failed write (a full disk, a read-only file system) does not stop the daemon: it logs
@@ -82,7 +194,8 @@ pub fn run(
     mut judge: Judge,
     inputs: &Receiver<Input>,
     arrivals: &UnboundedSender<(String, Arrival)>,
-    watchers: Option<&Watchers>,
+    watchers: Option<Watchers>,
+    seat: &Seat,
     ready: impl FnOnce(&Ready),
 ) -> doorbell_store::Result<()> {
     if watchers.is_some() {
@@ -98,43 +211,51 @@ pub fn run(
         other => other?,
     };
     judge.checkpoint()?;
-    tell(&mut judge, watchers);
-    announce(&stats, arrivals);
+    tell(&mut judge, watchers.as_ref());
+    announce(&judge, &stats, arrivals);
     ready(&Ready {
         dir: judge.bridge().dir().to_path_buf(),
         inboxes: judge.snapshot().inboxes.len(),
         judged: stats.judged(),
     });
-    let mut due = Deadlines::default();
     if judge.bridge().config.board {
         write_board(&judge);
     }
+    *seat.lock() = Some(Judging {
+        judge,
+        due: Deadlines::default(),
+        arrivals: arrivals.clone(),
+        watchers,
+        sleeps_until: None,
+    });
     loop {
-        let mut batch = receive(&judge, inputs, &due);
+        // The first deadline is read with the judge in hand; the wait is without it.
+        let next = seat.lock().as_mut().and_then(|judging| {
+            judging.sleeps_until = judging.next_wake();
+            judging.sleeps_until
+        });
+        let batch = receive(inputs, next);
         if batch.stop {
             break;
         }
-        if let Some(config) = batch.config.take() {
-            if let Err(e) = judge.set_config(config) {
-                failed(&mut due, &e);
-            }
+        let mut seat = seat.lock();
+        let Some(judging) = seat.as_mut() else {
+            break;
+        };
+        if !judging.act(batch) {
+            break;
         }
-        // While writes fail, inputs only wait for the retry (which reads everything anyway).
-        if due.retry.is_some_and(|at| Instant::now() < at) {
-            continue;
-        }
-        match step(&mut judge, batch, &mut due, arrivals) {
-            Ok(()) => {
-                if due.retry.take().is_some() {
-                    tracing::info!("writing works again: judging resumed");
-                    due.backoff = Duration::ZERO;
-                }
-            }
-            Err(doorbell_store::Error::Interrupted) => break,
-            Err(e) => failed(&mut due, &e),
-        }
-        tell(&mut judge, watchers);
     }
+    // From here only this thread judges.
+    let Some(Judging {
+        mut judge,
+        mut due,
+        watchers,
+        ..
+    }) = seat.lock().take()
+    else {
+        return Ok(());
+    };
     if let Err(error) = judge.settle() {
         // The journal has what the index missed; the next start replays it.
         tracing::error!(%error, "could not save the last checkpoint");
@@ -144,24 +265,14 @@ pub fn run(
         tracing::warn!("stopped while writes fail; unjudged lines wait for the next start");
         return Ok(());
     }
-    finish(judge, arrivals)
+    let finished = finish(judge, arrivals);
+    // The watchers are let go last: what the stop journaled they read from the file.
+    drop(watchers);
+    finished
 }
 
-/// Wait for inputs or the first deadline, and take every input already queued with it.
-fn receive(judge: &Judge, inputs: &Receiver<Input>, due: &Deadlines) -> Batch {
-    // The doorbell's next ring, on the judge's clock, as a deadline on this thread's.
-    let ring = judge.next_due().map(|at| {
-        let wait = (at - Utc::now()).to_std().unwrap_or(Duration::ZERO);
-        Instant::now() + wait
-    });
-    let next = if due.retry.is_some() {
-        due.retry
-    } else {
-        [due.notice, due.checkpoint, due.board, ring]
-            .into_iter()
-            .flatten()
-            .min()
-    };
+/// Wait for inputs or the deadline `next`, and take every input already queued with it.
+fn receive(inputs: &Receiver<Input>, next: Option<Instant>) -> Batch {
     let first = match next {
         Some(at) => match inputs.recv_timeout(at.saturating_duration_since(Instant::now())) {
             Ok(input) => Some(input),
@@ -170,10 +281,7 @@ fn receive(judge: &Judge, inputs: &Receiver<Input>, due: &Deadlines) -> Batch {
         },
         None => Some(inputs.recv().unwrap_or(Input::Stop)),
     };
-    let mut batch = Batch {
-        ring,
-        ..Batch::default()
-    };
+    let mut batch = Batch::default();
     for input in first
         .into_iter()
         .chain(std::iter::from_fn(|| inputs.try_recv().ok()))
@@ -185,6 +293,7 @@ fn receive(judge: &Judge, inputs: &Receiver<Input>, due: &Deadlines) -> Batch {
             Input::Rescan => batch.rescan = true,
             Input::Reports => batch.reports = true,
             Input::Reload(config) => batch.config = Some(*config),
+            Input::Wake => {}
             Input::Stop => batch.stop = true,
         }
     }
@@ -192,19 +301,22 @@ fn receive(judge: &Judge, inputs: &Receiver<Input>, due: &Deadlines) -> Batch {
 }
 
 /// Judge what the batch names, and do what is due: notices, rings, reports, a checkpoint.
+/// What reached inboxes is added to `arrived`.
 fn step(
     judge: &mut Judge,
-    mut batch: Batch,
+    batch: Batch,
     due: &mut Deadlines,
-    arrivals: &UnboundedSender<(String, Arrival)>,
+    arrived: &mut CatchUp,
 ) -> doorbell_store::Result<()> {
     if due.retry.is_some() {
         judge.reload()?;
-        batch.rescan = true;
-        batch.reports = true;
     }
+    let (rescan, reports) = (
+        batch.rescan || due.retry.is_some(),
+        batch.reports || due.retry.is_some(),
+    );
     let now = Utc::now();
-    let stats = if batch.rescan {
+    let stats = if rescan {
         Some(judge.sweep_all(now)?)
     } else if batch.dirty.is_empty() {
         None
@@ -224,7 +336,7 @@ fn step(
         if judge.unsaved_bytes() > CHECKPOINT_AFTER_BYTES {
             due.checkpoint = Some(Instant::now());
         }
-        announce(&stats, arrivals);
+        *arrived = stats;
     }
     if judge.has_untold() {
         due.notice
@@ -236,7 +348,7 @@ fn step(
     }
     let now_instant = Instant::now();
     let ringing = batch.ring.is_some_and(|at| at <= now_instant);
-    if batch.reports || ringing || due.notice.is_some_and(|at| at <= now_instant) {
+    if reports || ringing || due.notice.is_some_and(|at| at <= now_instant) {
         due.notice = None;
         let mut stats = CatchUp::default();
         // The notices come back as file events and are judged then.
@@ -303,7 +415,7 @@ fn finish(
             "judged the rest of a replaced or deleted inbox before stopping"
         );
     }
-    announce(&stats, arrivals);
+    announce(&judge, &stats, arrivals);
     if judge.has_untold() {
         judge.emit(Utc::now(), &mut stats)?;
     }
@@ -312,7 +424,7 @@ fn finish(
     Ok(())
 }
 
-fn announce(stats: &CatchUp, arrivals: &UnboundedSender<(String, Arrival)>) {
+fn announce(judge: &Judge, stats: &CatchUp, arrivals: &UnboundedSender<(String, Arrival)>) {
     if stats.judged() > 0 {
         tracing::debug!(
             accepted = stats.accepted,
@@ -321,7 +433,12 @@ fn announce(stats: &CatchUp, arrivals: &UnboundedSender<(String, Arrival)>) {
             "judged"
         );
     }
+    // Only an agent with a hook is rung: the others' arrivals wake nobody. (The judge's config
+    // and the hooks' change together on a reload.)
+    let config = &judge.bridge().config;
     for (agent, arrival) in &stats.arrivals {
-        let _ = arrivals.send((agent.clone(), arrival.clone()));
+        if config.hook(agent).is_some() {
+            let _ = arrivals.send((agent.clone(), arrival.clone()));
+        }
     }
 }

@@ -68,8 +68,11 @@ pub async fn run(
 ) -> Result<(), Error> {
     let dir = options.bridge.dir().to_path_buf();
     let (inputs, receiver) = std::sync::mpsc::channel();
+    // Until the start-up catch-up is done the seat is empty and hints queue for the
+    // judging thread; from then on the watch's thread judges an inbox as its event comes.
+    let seat = judging::Seat::default();
     // The watch exists before the first sweep, so an inbox created in between is seen.
-    let _watcher = watcher::watch(&dir, inputs.clone())?;
+    let _watcher = watcher::watch(&dir, inputs.clone(), seat.clone())?;
     let judge = Judge::open(options.bridge.clone(), options.lock)?;
     let interrupt = judge.interrupt_flag();
     let (arrivals_tx, mut arrivals_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -86,7 +89,7 @@ pub async fn run(
         })
         .ok();
     let judging = tokio::task::spawn_blocking(move || {
-        judging::run(judge, &receiver, &arrivals_tx, watchers.as_ref(), ready)
+        judging::run(judge, &receiver, &arrivals_tx, watchers, &seat, ready)
     });
     let cancel = CancellationToken::new();
     let mut hooks = hooks::Hooks::new(config_rx, cancel.clone());

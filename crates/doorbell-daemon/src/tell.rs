@@ -9,7 +9,7 @@
 //! bytes it already has are skipped by their place in the file. The judge never waits for a
 //! watcher: a watcher whose socket is full is let go.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -127,8 +127,12 @@ fn welcome(list: &Mutex<Vec<UnixStream>>, mut stream: UnixStream) {
 /// A watcher's side: what the daemon tells.
 #[derive(Debug)]
 pub struct Told {
-    reader: BufReader<UnixStream>,
-    header: String,
+    stream: UnixStream,
+    /// What was read and not yet handed out, from `start`.
+    buf: Vec<u8>,
+    start: usize,
+    /// The daemon closed its end: once `buf` is handed out, it is gone.
+    closed: bool,
 }
 
 /// What came from the daemon.
@@ -141,75 +145,133 @@ pub enum Next {
     Gone,
 }
 
+/// How much is read from the socket at a time.
+const READ_BYTES: usize = 256 << 10;
+
 impl Told {
     /// Connect to the daemon of the bridge whose state folder is `state`. `None` when none
     /// tells (none runs, or it does not answer in time).
     #[must_use]
     pub fn connect(state: &Path) -> Option<Told> {
         let stream = UnixStream::connect(state.join(SOCKET)).ok()?;
-        stream.set_read_timeout(Some(GREETING_WAIT)).ok()?;
-        let mut reader = BufReader::new(stream);
-        let mut greeting = String::new();
-        reader.read_line(&mut greeting).ok()?;
-        if greeting != GREETING {
-            return None;
+        let mut told = Told {
+            stream,
+            buf: Vec::new(),
+            start: 0,
+            closed: false,
+        };
+        let deadline = Instant::now() + GREETING_WAIT;
+        loop {
+            if let Some(end) = told.buf.iter().position(|b| *b == b'\n') {
+                if &told.buf[..=end] != GREETING.as_bytes() {
+                    return None;
+                }
+                told.start = end + 1;
+                return Some(told);
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            if told.closed || told.buf.len() > GREETING.len() || !told.fill(Some(left)).ok()? {
+                return None;
+            }
         }
-        reader.get_ref().set_read_timeout(None).ok()?;
-        Some(Told {
-            reader,
-            header: String::new(),
-        })
     }
 
     /// Wait for the next append the daemon tells, until `deadline` if one is given.
     pub fn next(&mut self, deadline: Option<Instant>) -> Next {
-        let wait = match deadline {
-            None => None,
-            Some(at) => match at.checked_duration_since(Instant::now()) {
-                Some(left) if !left.is_zero() => Some(left),
-                _ => return Next::TimedOut,
-            },
-        };
-        if self.reader.get_ref().set_read_timeout(wait).is_err() {
-            return Next::Gone;
-        }
-        self.header.clear();
-        match self.reader.read_line(&mut self.header) {
-            Ok(0) => return Next::Gone,
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                // A header half read is lost with the connection: start over from the file.
-                return if self.header.is_empty() {
-                    Next::TimedOut
-                } else {
-                    Next::Gone
-                };
+        loop {
+            match self.frame() {
+                Err(()) => return Next::Gone,
+                Ok(Some(appended)) => return Next::Appended(appended),
+                Ok(None) if self.closed => return Next::Gone,
+                Ok(None) => {}
             }
-            Err(_) => return Next::Gone,
+            let wait = match deadline {
+                None => None,
+                Some(at) => match at.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => return Next::TimedOut,
+                },
+            };
+            match self.fill(wait) {
+                Ok(true) => {}
+                Ok(false) => return Next::TimedOut,
+                Err(_) => return Next::Gone,
+            }
         }
-        let Some(frame) = parse_header(&self.header) else {
-            return Next::Gone;
+    }
+
+    /// The next append if it has arrived whole already, without waiting. (That the daemon
+    /// is gone is for [`Told::next`] to say.)
+    pub fn ready(&mut self) -> Option<Appended> {
+        if let Ok(Some(appended)) = self.frame() {
+            return Some(appended);
+        }
+        if !self.closed && self.fill(Some(Duration::ZERO)).ok()? {
+            return self.frame().ok().flatten();
+        }
+        None
+    }
+
+    /// A whole frame from what was read, if there is one; `Err` for bytes that are none.
+    fn frame(&mut self) -> Result<Option<Appended>, ()> {
+        let pending = &self.buf[self.start..];
+        let Some(end) = pending.iter().position(|b| *b == b'\n') else {
+            // A header is short: this much without one is not a frame.
+            return if pending.len() > 128 {
+                Err(())
+            } else {
+                Ok(None)
+            };
         };
-        // The rest of a frame follows its header at once.
-        if self.reader.get_ref().set_read_timeout(None).is_err() {
-            return Next::Gone;
-        }
-        let (dev, ino, from, len) = frame;
-        let mut bytes = vec![0; usize::try_from(len).unwrap_or(0)];
-        if self.reader.read_exact(&mut bytes).is_err() {
-            return Next::Gone;
-        }
-        Next::Appended(Appended {
+        let header = std::str::from_utf8(&pending[..=end]).map_err(|_| ())?;
+        let (dev, ino, from, len) = parse_header(header).ok_or(())?;
+        let len = usize::try_from(len).map_err(|_| ())?;
+        let Some(bytes) = pending.get(end + 1..end + 1 + len) else {
+            return Ok(None);
+        };
+        let appended = Appended {
             dev,
             ino,
             from,
-            bytes,
-        })
+            bytes: bytes.to_vec(),
+        };
+        self.start += end + 1 + len;
+        Ok(Some(appended))
+    }
+
+    /// Wait up to `wait` (`None`: without end) for bytes, and read what is there. False
+    /// when the wait ran out first.
+    fn fill(&mut self, wait: Option<Duration>) -> std::io::Result<bool> {
+        let timeout = wait.map(|wait| rustix::event::Timespec {
+            tv_sec: i64::try_from(wait.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(wait.subsec_nanos()),
+        });
+        let mut fds = [rustix::event::PollFd::new(
+            &self.stream,
+            rustix::event::PollFlags::IN,
+        )];
+        match rustix::event::poll(&mut fds, timeout.as_ref()) {
+            Ok(0) => return Ok(false),
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => return Ok(true),
+            Err(e) => return Err(e.into()),
+        }
+        // What was handed out makes room.
+        if self.start > 0 && self.start * 2 >= self.buf.len() {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        let len = self.buf.len();
+        self.buf.resize(len + READ_BYTES, 0);
+        let read = self.stream.read(&mut self.buf[len..]);
+        self.buf.truncate(len + *read.as_ref().unwrap_or(&0));
+        match read {
+            Ok(0) => self.closed = true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        Ok(true)
     }
 }
 

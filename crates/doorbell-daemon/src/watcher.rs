@@ -1,7 +1,8 @@
 //! The seam between the file system and the judge: one `notify` watch on the bridge folder,
 //! whose events become hints. A hint only says "read this inbox to its end"; a lost event
 //! costs nothing as long as a later hint or a sweep comes. An overflow (`Rescan`) or a
-//! watcher error becomes a full sweep. The daemon's own reads (open/close events) are
+//! watcher error becomes a full sweep. Once the judge is seated (after the start-up
+//! catch-up) an inbox's hint is judged on the watch's own thread, as it arrives. The daemon's own reads (open/close events) are
 //! ignored, or it would wake itself forever.
 
 use std::os::unix::fs::DirBuilderExt;
@@ -12,12 +13,20 @@ use doorbell_store::bridge::inbox_name;
 use doorbell_store::journal::JOURNAL_FILE;
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 
+use crate::judging::Seat;
 use crate::{Error, Input};
 
 /// Start watching `dir`; the watch lasts as long as the returned watcher.
-pub fn watch(dir: &Path, inputs: Sender<Input>) -> Result<RecommendedWatcher, Error> {
+pub fn watch(dir: &Path, inputs: Sender<Input>, seat: Seat) -> Result<RecommendedWatcher, Error> {
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         for input in hints(&event) {
+            // An inbox is judged here and now when the judge is seated; anything else (and
+            // an inbox while it is not) goes to the judging thread.
+            if let Input::Inbox(name) = &input {
+                if seat.judge_now(name, &inputs) {
+                    continue;
+                }
+            }
             // The judge is gone when sending fails; nothing left to tell.
             let _ = inputs.send(input);
         }
