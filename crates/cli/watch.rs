@@ -59,11 +59,12 @@ pub fn follow(
         (journal, view.updates())
     };
     let mut out = std::io::stdout().lock();
+    let mut keeper = cursor::Keeper::new(&bridge, agent)?;
     loop {
         if inbox_identity == (journal.journal.dev, journal.journal.ino) {
             // One reader of the agent at a time; another may have read on meanwhile.
-            let _reading = cursor::reading(&bridge, agent)?;
-            if let cursor::Position::At(at) = cursor::load(&bridge, agent, &inbox)? {
+            let _reading = keeper.reading()?;
+            if let cursor::Position::At(at) = keeper.load(&inbox, inbox_identity)? {
                 printed_to = printed_to.max(at);
             }
             let reading = Inbox {
@@ -75,7 +76,7 @@ pub fn follow(
                 Printed::ClosedPipe => return Ok(OK),
                 Printed::Upto(to, count) => {
                     if to > printed_to {
-                        cursor::advance(&bridge, agent, &inbox, to, via)?;
+                        keeper.advance(&bridge, &inbox, inbox_identity, to, via)?;
                         printed_to = to;
                     }
                     if count > 0 && matches!(until, Until::FirstMessages(_)) {

@@ -142,18 +142,29 @@ fn lock_cursor(path: &Path) -> Result<File> {
 /// the agent's read log that what lies between was read through `via` (`read`, `watch`,
 /// `hook claude`, `mcp`). A cursor that is already further on the same file stays where it is.
 pub fn advance(bridge: &Bridge, agent: &str, inbox: &File, offset: u64, via: &str) -> Result<()> {
+    advance_stamped(bridge, agent, inbox, offset, via).map(|_| ())
+}
+
+/// [`advance`], and the stamp of the cursor file it left (taken under the cursor's lock).
+fn advance_stamped(
+    bridge: &Bridge,
+    agent: &str,
+    inbox: &File,
+    offset: u64,
+    via: &str,
+) -> Result<Option<Stamp>> {
     let path = bridge.cursor_path(agent)?;
     let _guard = lock_cursor(&path)?;
     let current = validate(read_cursor(&path)?, inbox)?;
     if let Position::At(at) = current {
         if at >= offset {
-            return Ok(());
+            return Ok(None);
         }
     }
     let from = current.offset();
     let meta = inbox.metadata().map_err(Error::io("stat inbox", &path))?;
     let Some(marker) = Marker::of(inbox, offset).map_err(Error::io("read inbox", &path))? else {
-        return Ok(());
+        return Ok(None);
     };
     let record = CursorFile {
         version: 1,
@@ -166,6 +177,7 @@ pub fn advance(bridge: &Bridge, agent: &str, inbox: &File, offset: u64, via: &st
     // Not synced: after a power loss a cursor may go back (messages shown again), never
     // forward; an fsync per message held up `watch` behind the disk.
     crate::atomic::write_atomic_unsynced(&path, text.as_bytes())?;
+    let stamp = stamp_of(&path)?;
     let read = ReadRecord {
         dev: meta.dev(),
         ino: meta.ino(),
@@ -179,7 +191,102 @@ pub fn advance(bridge: &Bridge, agent: &str, inbox: &File, offset: u64, via: &st
     if let Err(error) = append_read(bridge, agent, &read) {
         tracing::warn!(%error, agent, "could not note the read in the read log");
     }
-    Ok(())
+    Ok(stamp)
+}
+
+/// What tells one cursor file from the next: each is a new file renamed into place, so its
+/// inode, change time or length differ from the one it replaced.
+type Stamp = (u64, u64, i64, i64, u64);
+
+fn stamp_of(path: &Path) -> Result<Option<Stamp>> {
+    match fs::symlink_metadata(path) {
+        Ok(meta) => Ok(Some((
+            meta.dev(),
+            meta.ino(),
+            meta.ctime(),
+            meta.ctime_nsec(),
+            meta.len(),
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io("stat cursor", path)(e)),
+    }
+}
+
+/// A reader that stays (`watch`): its reader lock stays open between readings, and its
+/// cursor is read and checked again only when the cursor file or the inbox file changed
+/// since this reader last saw them (another reader moved it, or the inbox is another file).
+#[derive(Debug)]
+pub struct Keeper {
+    lock: std::rc::Rc<File>,
+    cursor: std::path::PathBuf,
+    agent: String,
+    /// The cursor file and the inbox file (device, inode) as last read or written here, and
+    /// the position they gave.
+    known: Option<(Stamp, (u64, u64), Position)>,
+}
+
+/// A reading held by a [`Keeper`]: let go when dropped.
+#[derive(Debug)]
+pub struct Kept {
+    lock: std::rc::Rc<File>,
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        let _ = self.lock.unlock();
+    }
+}
+
+impl Keeper {
+    pub fn new(bridge: &Bridge, agent: &str) -> Result<Keeper> {
+        Ok(Keeper {
+            lock: std::rc::Rc::new(reader_lock(bridge, agent)?),
+            cursor: bridge.cursor_path(agent)?,
+            agent: agent.to_owned(),
+            known: None,
+        })
+    }
+
+    /// Begin a reading, as [`reading`] does.
+    pub fn reading(&self) -> Result<Kept> {
+        self.lock
+            .lock()
+            .map_err(Error::io("lock reader lock", "(reader lock)"))?;
+        Ok(Kept {
+            lock: std::rc::Rc::clone(&self.lock),
+        })
+    }
+
+    /// Where the agent resumes reading `inbox` (whose device and inode are `identity`), as
+    /// [`load`] says.
+    pub fn load(&mut self, inbox: &File, identity: (u64, u64)) -> Result<Position> {
+        let stamp = stamp_of(&self.cursor)?;
+        if let (Some(stamp), Some((known, of, position))) = (stamp, self.known) {
+            if stamp == known && of == identity {
+                return Ok(position);
+            }
+        }
+        let position = validate(read_cursor(&self.cursor)?, inbox)?;
+        self.known = stamp.map(|stamp| (stamp, identity, position));
+        Ok(position)
+    }
+
+    /// Move the cursor, as [`advance`] does.
+    pub fn advance(
+        &mut self,
+        bridge: &Bridge,
+        inbox: &File,
+        identity: (u64, u64),
+        offset: u64,
+        via: &str,
+    ) -> Result<()> {
+        let agent = self.agent.clone();
+        match advance_stamped(bridge, &agent, inbox, offset, via)? {
+            Some(stamp) => self.known = Some((stamp, identity, Position::At(offset))),
+            None => self.known = None,
+        }
+        Ok(())
+    }
 }
 
 /// An agent's reading, held from loading its cursor to moving it: two readers of one agent

@@ -60,6 +60,44 @@ impl Marker {
     pub fn matches(&self, file: &File, offset: u64) -> io::Result<bool> {
         Ok(Marker::of(file, offset)?.as_ref() == Some(self))
     }
+
+    /// [`Marker::of`], taking the head as `head` (its length and hash) when that is the head
+    /// `offset` needs: for a file held open whose head was hashed already, only the bytes
+    /// before `offset` are read.
+    pub fn of_with_head(
+        file: &File,
+        offset: u64,
+        head: Option<(u64, u64)>,
+    ) -> io::Result<Option<Marker>> {
+        let head_len = offset.min(HEAD_BYTES);
+        let Some((known_len, known)) = head.filter(|(len, _)| *len == head_len) else {
+            return Marker::of(file, offset);
+        };
+        let tail_len = offset.min(TAIL_BYTES);
+        Ok(
+            hash_range(file, offset - tail_len, tail_len)?.map(|tail| Marker {
+                head_len: known_len,
+                head: known,
+                tail,
+            }),
+        )
+    }
+
+    /// [`Marker::matches`] with the head known as in [`Marker::of_with_head`].
+    pub fn matches_with_head(
+        &self,
+        file: &File,
+        offset: u64,
+        head: Option<(u64, u64)>,
+    ) -> io::Result<bool> {
+        Ok(Marker::of_with_head(file, offset, head)?.as_ref() == Some(self))
+    }
+
+    /// The head this marker holds: its length and hash.
+    #[must_use]
+    pub fn head(&self) -> (u64, u64) {
+        (self.head_len, self.head)
+    }
 }
 
 #[cfg(test)]

@@ -87,6 +87,12 @@ CREATE TABLE IF NOT EXISTS intents(id TEXT PRIMARY KEY, inbox TEXT NOT NULL, lin
 CREATE TABLE IF NOT EXISTS untold(key TEXT PRIMARY KEY, data TEXT NOT NULL, sum INTEGER NOT NULL) WITHOUT ROWID;
 ";
 
+/// Run a statement without parameters from the connection's cache: a read transaction is
+/// begun and ended around every sweep, and parsing its SQL each time showed.
+fn run_cached(conn: &Connection, statement: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(statement)?.execute([]).map(|_| ())
+}
+
 /// An accepted line, as the index keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MessageRow {
@@ -559,7 +565,7 @@ impl Index {
     fn lookup_conn(&self) -> MutexGuard<'_, Connection> {
         let conn = self.conn();
         if self.hold.load(std::sync::atomic::Ordering::Relaxed) && conn.is_autocommit() {
-            if let Err(error) = conn.execute_batch("BEGIN DEFERRED") {
+            if let Err(error) = run_cached(&conn, "BEGIN DEFERRED") {
                 tracing::warn!(%error, "could not begin a read of the index");
             }
         }
@@ -569,9 +575,7 @@ impl Index {
     /// Hold one read transaction until [`Index::end_read`], so that every query sees the
     /// same save.
     pub fn begin_read(&self) -> Result<()> {
-        self.conn()
-            .execute_batch("BEGIN DEFERRED")
-            .map_err(sql(&self.path))
+        run_cached(&self.conn(), "BEGIN DEFERRED").map_err(sql(&self.path))
     }
 
     pub fn end_read(&self) -> Result<()> {
@@ -579,7 +583,7 @@ impl Index {
         if conn.is_autocommit() {
             return Ok(());
         }
-        conn.execute_batch("COMMIT").map_err(sql(&self.path))
+        run_cached(&conn, "COMMIT").map_err(sql(&self.path))
     }
 
     /// The open state as of the last save.

@@ -60,6 +60,19 @@ impl LineReader {
         &mut self,
         file: &File,
         start: u64,
+        each: impl FnMut(Line<'_>) -> Result<(), E>,
+    ) -> Result<u64, E> {
+        self.read_until(file, start, None, each)
+    }
+
+    /// As [`LineReader::read`], but taking the file to end at `known_end` (its size as just
+    /// seen) when given: no read is spent finding the end. Bytes written past it since are
+    /// left for the next read.
+    pub fn read_until<E: From<io::Error>>(
+        &mut self,
+        file: &File,
+        start: u64,
+        known_end: Option<u64>,
         mut each: impl FnMut(Line<'_>) -> Result<(), E>,
     ) -> Result<u64, E> {
         let limit = self.max_line_bytes + 1;
@@ -80,6 +93,9 @@ impl LineReader {
                     skipping = Some(filled as u64);
                     filled = 0;
                 }
+            }
+            if known_end.is_some_and(|end| read_at >= end) {
+                return Ok(line_start);
             }
             let n = file.read_at(&mut self.buf[filled..], read_at)?;
             if n == 0 {
@@ -139,6 +155,32 @@ impl LineReader {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn a_known_end_reads_as_far_as_the_end_of_the_file_would() {
+        let content = b"one\ntwo\nthr";
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(content).unwrap();
+        for known in [None, Some(content.len() as u64)] {
+            let mut seen = Vec::new();
+            let end = LineReader::new(64)
+                .read_until::<io::Error>(&file, 0, known, |line| {
+                    seen.push(line.offset());
+                    Ok(())
+                })
+                .unwrap();
+            assert_eq!((seen, end), (vec![0, 4], 8), "{known:?}");
+        }
+        // An end seen before more was written: the rest waits for the next read.
+        let mut seen = Vec::new();
+        let end = LineReader::new(64)
+            .read_until::<io::Error>(&file, 0, Some(4), |line| {
+                seen.push(line.offset());
+                Ok(())
+            })
+            .unwrap();
+        assert!(end >= 4 && seen.first() == Some(&0), "{seen:?} {end}");
+    }
 
     fn lines(content: &[u8], start: u64, max: usize) -> (Vec<String>, u64) {
         let mut file = tempfile::tempfile().unwrap();

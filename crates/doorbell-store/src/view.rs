@@ -670,7 +670,9 @@ impl InboxView {
             .reader
             .take()
             .unwrap_or_else(|| LineReader::new(self.max_line_bytes));
-        let read = reader.read(file, from, |line| match line {
+        // Nothing past where judging stopped is accepted: no read is spent beyond it.
+        let judged_to = Some(self.journal.judged_to);
+        let read = reader.read_until(file, from, judged_to, |line| match line {
             // A blank line inside a refused run has no verdict of its own: never a message.
             Line::Complete { offset, bytes }
                 if self.is_accepted(offset) && !crate::judge::is_blank(bytes) =>

@@ -42,7 +42,13 @@ pub(super) struct OpenInbox {
     pub(super) dev: u64,
     pub(super) ino: u64,
     pub(super) used: u64,
+    /// The length and hash of the head last hashed through this open file: while the file
+    /// stays open at its path, only the bytes before an offset are read to know it again.
+    pub(super) head: Option<(u64, u64)>,
 }
+
+/// An inbox's file for a sweep: the file, its metadata, the head known for it.
+pub(super) type Current = (File, std::fs::Metadata, Option<(u64, u64)>);
 
 impl Judge {
     /// The inbox now at `name`'s path, with its metadata, draining the file the judge had open
@@ -54,21 +60,19 @@ impl Judge {
         now: DateTime<Utc>,
         held: &mut HeldLines,
         stats: &mut CatchUp,
-    ) -> Result<Option<(File, std::fs::Metadata)>> {
+    ) -> Result<Option<Current>> {
         let path = self.bridge.inbox_path(name)?;
-        let at_path = match std::fs::symlink_metadata(&path) {
-            Ok(meta) => Some((meta.dev(), meta.ino())),
+        let meta_at_path = match std::fs::symlink_metadata(&path) {
+            Ok(meta) => Some(meta),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(Error::io("stat inbox", &path)(e)),
         };
+        let at_path = meta_at_path.as_ref().map(|meta| (meta.dev(), meta.ino()));
         if let Some(open) = self.files.remove(name) {
             if at_path == Some((open.dev, open.ino)) {
-                match open.file.metadata() {
-                    Ok(meta) => return Ok(Some((open.file, meta))),
-                    Err(e) => {
-                        self.files.insert(name.to_owned(), open);
-                        return Err(Error::io("stat inbox", &path)(e));
-                    }
+                // The same inode: what the path says of it is what the open file would.
+                if let Some(meta) = meta_at_path {
+                    return Ok(Some((open.file, meta, open.head)));
                 }
             }
             if let Err(e) = self.drain(name, &open, now, held, stats) {
@@ -110,7 +114,7 @@ impl Judge {
             self.readable_again = true;
         }
         let meta = file.metadata().map_err(Error::io("stat inbox", &path))?;
-        Ok(Some((file, meta)))
+        Ok(Some((file, meta, None)))
     }
 
     /// Read a replaced or deleted inbox's old file to its end, as its own generation.
@@ -134,7 +138,7 @@ impl Judge {
             "inbox was replaced or deleted: draining the old file first"
         );
         let gen = journal.gen;
-        self.read_lines(name, gen, &old.file, now, held, stats)?;
+        self.read_lines(name, gen, &old.file, None, now, held, stats)?;
         Ok(())
     }
 
@@ -146,7 +150,7 @@ impl Judge {
         held: &mut HeldLines,
         stats: &mut CatchUp,
     ) -> Result<()> {
-        let Some((file, meta)) = self.current_file(name, now, held, stats)? else {
+        let Some((file, meta, known_head)) = self.current_file(name, now, held, stats)? else {
             return Ok(());
         };
         if let Some(other) = self.snapshot.same_file_as_another(name, &file, &meta) {
@@ -161,28 +165,43 @@ impl Judge {
         }
         // Whatever goes wrong (a stop, a failed write), the file stays open: if it is replaced
         // before the next sweep, its unread lines can still be drained.
+        let known_gen = self.snapshot.inboxes.get(name).map(|known| known.gen);
+        let size = meta.len();
         let read = self
-            .check_generation(name, &file, &meta, now, stats)
-            .and_then(|gen| Ok((gen, self.read_lines(name, gen, &file, now, held, stats)?)));
+            .check_generation(name, &file, &meta, known_head, now, stats)
+            .and_then(|gen| {
+                let end = self.read_lines(name, gen, &file, Some(size), now, held, stats)?;
+                Ok((gen, end))
+            });
         let (gen, end) = match read {
             Ok(read) => read,
             Err(e) => {
-                self.keep_open(name, file, &meta);
+                self.keep_open(name, file, &meta, None);
                 return Err(e);
             }
         };
+        // A new generation's head is hashed afresh.
+        let mut head_now = known_head.filter(|_| known_gen == Some(gen));
         let marked = self.snapshot.inboxes[name].mark.map(|(offset, _)| offset);
         if end > 0 && marked != Some(end) {
             let path = self.bridge.inbox_path(name)?;
-            if let Some(marker) = Marker::of(&file, end).map_err(Error::io("read inbox", &path))? {
+            let now_marker = Marker::of_with_head(&file, end, head_now);
+            if let Some(marker) = now_marker.map_err(Error::io("read inbox", &path))? {
+                head_now = Some(marker.head());
                 self.mark(name, gen, end, &meta, Some(marker), now)?;
             }
         }
-        self.keep_open(name, file, &meta);
+        self.keep_open(name, file, &meta, head_now);
         Ok(())
     }
 
-    pub(super) fn keep_open(&mut self, name: &str, file: File, meta: &std::fs::Metadata) {
+    pub(super) fn keep_open(
+        &mut self,
+        name: &str,
+        file: File,
+        meta: &std::fs::Metadata,
+        head: Option<(u64, u64)>,
+    ) {
         self.uses += 1;
         if self.files.len() >= OPEN_FILES && !self.files.contains_key(name) {
             if let Some(oldest) = self
@@ -201,17 +220,20 @@ impl Judge {
                 dev: meta.dev(),
                 ino: meta.ino(),
                 used: self.uses,
+                head,
             },
         );
     }
 
-    /// Judge the complete lines of `file` from where judging stopped in generation `gen`.
-    /// Returns where the last complete line ends.
+    /// Judge the complete lines of `file` from where judging stopped in generation `gen`,
+    /// up to `size` when its size was just seen. Returns where the last complete line ends.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn read_lines(
         &mut self,
         name: &str,
         gen: u32,
         file: &File,
+        size: Option<u64>,
         now: DateTime<Utc>,
         held: &mut HeldLines,
         stats: &mut CatchUp,
@@ -237,7 +259,7 @@ impl Judge {
         // A run of blank lines is one refused fragment, one record: a megabyte of newlines
         // must not become hundreds of megabytes of journal, refused log and index.
         let mut blank: Option<(u64, u64)> = None;
-        let result = reader.read(file, start, |line| {
+        let result = reader.read_until(file, start, size, |line| {
             if interrupt.load(Ordering::Relaxed) {
                 return Err(Error::Interrupted);
             }
@@ -367,12 +389,16 @@ impl Judge {
     }
 
     /// Make sure the journal's view of the inbox belongs to this very file; start a new
-    /// generation when it was truncated, replaced or recreated.
+    /// generation when it was truncated, replaced or recreated. `head` is the head hashed
+    /// through this open file when it is the one the journal knows (the same inode still at
+    /// the path): then only its size and the bytes before the mark are read again, which a
+    /// truncation, or a rewrite of that inode, changes.
     pub(super) fn check_generation(
         &mut self,
         name: &str,
         file: &File,
         meta: &std::fs::Metadata,
+        head: Option<(u64, u64)>,
         now: DateTime<Utc>,
         stats: &mut CatchUp,
     ) -> Result<u32> {
@@ -390,7 +416,9 @@ impl Judge {
         // inbox; without a marker only the inode can say.
         let same = meta.len() >= resume
             && match known.mark {
-                Some((offset, marker)) => marker.matches(file, offset).unwrap_or(false),
+                Some((offset, marker)) => marker
+                    .matches_with_head(file, offset, head.filter(|_| !moved))
+                    .unwrap_or(false),
                 None => !moved,
             };
         if same && moved {
