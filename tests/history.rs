@@ -387,3 +387,55 @@ fn compact_seals_and_compresses_the_journal_and_every_view_stays() {
     );
     assert!(state.join("journal/00000001.jsonl.gz").exists());
 }
+
+/// A daemon judges a new id without asking the index once its id filter is filled from the
+/// index (`ids.rs`); an old id, known only to the index, must still be found: a copy is a
+/// duplicate and another line under it is refused, whether the filter or the index says so.
+#[test]
+fn old_ids_known_only_to_the_index_are_found_through_the_id_filter() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let note = |id: &str, text: &str| {
+        format!(
+            "{}\n",
+            line(id, "design", "web", "note", "").replace(&format!("{id} from design"), text)
+        )
+    };
+    let old: String = (0..500)
+        .map(|n| note(&format!("01OLD{n:04}"), "then"))
+        .collect();
+    bridge.append_raw("web", old.as_bytes());
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let mut daemon = crate::util::Daemon::start(&bridge, &[]);
+    daemon.expect_stderr("the id filter is ready", std::time::Duration::from_secs(20));
+    assert!(
+        daemon
+            .stderr_so_far()
+            .iter()
+            .any(|l| l.contains("the id filter is ready") && l.contains("ids=500")),
+        "{:?}",
+        daemon.stderr
+    );
+    let again = note("01OLD0007", "then");
+    let reused = note("01OLD0009", "something else");
+    let fresh = note("01NEWONE", "now");
+    bridge.append_raw("web", format!("{again}{reused}{fresh}").as_bytes());
+    bridge.wait_for(
+        std::time::Duration::from_secs(20),
+        "three more verdicts",
+        |b| b.verdicts().len() == 503,
+    );
+    let verdicts = bridge.verdicts();
+    let last: Vec<(&str, Option<&str>)> = verdicts[500..]
+        .iter()
+        .map(|(_, _, verdict, reason)| (verdict.as_str(), reason.as_deref()))
+        .collect();
+    assert_eq!(
+        last,
+        [
+            ("duplicate", None),
+            ("refused", Some("id-reused")),
+            ("accepted", None)
+        ]
+    );
+    daemon.kill();
+}

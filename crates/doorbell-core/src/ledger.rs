@@ -283,6 +283,8 @@ impl<'l> Debt<'l> {
 pub trait Archive: Send + std::fmt::Debug {
     /// The fingerprint of the accepted line that claimed `id`.
     fn claim(&self, id: &str) -> Option<u64>;
+    /// `id` was just claimed (it reaches the archive with the next save).
+    fn claimed(&self, _id: &str) {}
     /// Request `id` as last saved.
     fn request(&self, id: &str) -> Option<Request>;
 }
@@ -418,6 +420,9 @@ impl Ledger {
 
     /// Record an accepted line, seen by the judge at `seen_at`.
     pub fn apply(&mut self, line: Accepted, seen_at: DateTime<Utc>) {
+        if let Some(archive) = &self.archive {
+            archive.claimed(&line.id);
+        }
         self.claims.insert(
             line.id.as_str().into(),
             Claim {

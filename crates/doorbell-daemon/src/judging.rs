@@ -211,6 +211,8 @@ pub fn run(
         other => other?,
     };
     judge.checkpoint()?;
+    // Everything judged so far is saved: from here a new id is known new without a query.
+    judge.filter_ids();
     tell(&mut judge, watchers.as_ref());
     announce(&judge, &stats, arrivals);
     ready(&Ready {

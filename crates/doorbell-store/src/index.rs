@@ -22,6 +22,7 @@ use doorbell_core::notice::RefusedLine;
 use doorbell_core::{Archive, Kind, RefusalReason, Request, State};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
+use crate::ids::IdFilter;
 use crate::journal::{InboxJournal, Intent};
 use crate::{Error, Result};
 
@@ -458,6 +459,8 @@ pub struct Index {
     /// Whether lookups hold one read transaction until [`Index::release`]: taking `SQLite`'s
     /// locks once per line was a fifth of a catch-up.
     hold: std::sync::atomic::AtomicBool,
+    /// Which ids `messages` may hold, once [`Index::filter_ids`] made it (see `ids.rs`).
+    ids: std::sync::OnceLock<Arc<IdFilter>>,
 }
 
 impl Index {
@@ -491,6 +494,7 @@ impl Index {
             path: path.to_path_buf(),
             damaged: std::sync::atomic::AtomicBool::new(false),
             hold: std::sync::atomic::AtomicBool::new(false),
+            ids: std::sync::OnceLock::new(),
         };
         index.check_version()?;
         Ok(Some(index))
@@ -546,6 +550,35 @@ impl Index {
         }
         self.damaged
             .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Keep a filter of the ids `messages` holds, so that a claim lookup of a new id is
+    /// answered without a query: for a long-running judge, once everything it judged so far
+    /// is saved. The filter takes every id claimed from now on (through the ledger's
+    /// archive) and is filled with those saved on a thread of its own; until that read is
+    /// done every lookup asks the index.
+    pub fn filter_ids(self: &Arc<Index>) {
+        // Sized by the file: every id takes well over 128 bytes of it, and room for more.
+        let saved = std::fs::metadata(&self.path).map_or(0, |meta| meta.len() / 128);
+        let filter = Arc::new(IdFilter::with_capacity(saved + (1 << 18)));
+        if self.ids.set(Arc::clone(&filter)).is_err() {
+            return;
+        }
+        let path = self.path.clone();
+        let started = std::thread::Builder::new()
+            .name("ids".into())
+            .spawn(move || match fill_ids(&path, &filter) {
+                Ok(ids) => {
+                    filter.set_ready();
+                    tracing::info!(ids, bytes = filter.bytes(), "the id filter is ready");
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "no id filter: every id is looked up in the index");
+                }
+            });
+        if let Err(error) = started {
+            tracing::warn!(%error, "no id filter: every id is looked up in the index");
+        }
     }
 
     /// Let lookups hold a read transaction, from the first until [`Index::release`]: for a
@@ -935,9 +968,41 @@ fn intent_sum(id: &str, intent: &Intent) -> RowSum {
 #[derive(Debug, Clone)]
 pub struct IndexArchive(pub Arc<Index>);
 
+/// Read every id of `messages` into `filter`, in one read of the index.
+fn fill_ids(path: &Path, filter: &IdFilter) -> Result<u64> {
+    let Some(index) = Index::open_read(path)? else {
+        return Ok(0);
+    };
+    let conn = index.conn();
+    let e = sql(path);
+    let mut ids = conn.prepare("SELECT id FROM messages").map_err(&e)?;
+    let mut rows = ids.query([]).map_err(&e)?;
+    let mut count = 0;
+    while let Some(row) = rows.next().map_err(&e)? {
+        filter.insert(
+            row.get_ref(0)
+                .map_err(&e)?
+                .as_str()
+                .map_err(|err| e(err.into()))?,
+        );
+        count += 1;
+    }
+    Ok(count)
+}
+
 impl Archive for IndexArchive {
+    fn claimed(&self, id: &str) {
+        if let Some(filter) = self.0.ids.get() {
+            filter.insert(id);
+        }
+    }
+
     fn claim(&self, id: &str) -> Option<u64> {
         let index = &self.0;
+        // Certainly never claimed: nothing to ask.
+        if index.ids.get().is_some_and(|filter| !filter.may_hold(id)) {
+            return None;
+        }
         let found = index
             .lookup_conn()
             .prepare_cached(

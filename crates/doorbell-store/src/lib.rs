@@ -18,6 +18,7 @@ pub mod fault;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod hash;
+pub mod ids;
 pub mod index;
 pub mod journal;
 mod journal_json;

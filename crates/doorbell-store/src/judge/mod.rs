@@ -151,6 +151,14 @@ impl Judge {
         Ok(())
     }
 
+    /// Judge a new id without asking the index (`ids.rs`): for a long-running judge, once
+    /// everything it judged so far is saved.
+    pub fn filter_ids(&self) {
+        if let Some(index) = self.snapshot.index() {
+            index.filter_ids();
+        }
+    }
+
     /// What the due times in the index are computed with.
     fn timing(&self) -> crate::index::Timing {
         timing_of(&self.bridge)
