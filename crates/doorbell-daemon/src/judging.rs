@@ -205,14 +205,14 @@ pub fn run(
     // on their own thread from the start, the start-up catch-up's included.
     judge.keep_open_in_memory()?;
     judge.save_in_background();
+    // From here a new id is known new without a query, once the filter's read is done.
+    judge.filter_ids()?;
     // Read every inbox to its end, and the journal, before emitting anything.
     let stats = match judge.catch_up(Utc::now()) {
         Err(doorbell_store::Error::Interrupted) => return judge.checkpoint(),
         other => other?,
     };
     judge.checkpoint()?;
-    // Everything judged so far is saved: from here a new id is known new without a query.
-    judge.filter_ids();
     tell(&mut judge, watchers.as_ref());
     announce(&judge, &stats, arrivals);
     ready(&Ready {

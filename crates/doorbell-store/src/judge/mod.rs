@@ -151,12 +151,17 @@ impl Judge {
         Ok(())
     }
 
-    /// Judge a new id without asking the index (`ids.rs`): for a long-running judge, once
-    /// everything it judged so far is saved.
-    pub fn filter_ids(&self) {
+    /// Judge a new id without asking the index (`ids.rs`). Whatever is judged and not yet
+    /// saved (the journal's tail replayed at open) is saved first: the filter takes only
+    /// the claims made after it, and the ids saved before its read.
+    pub fn filter_ids(&mut self) -> Result<()> {
+        if self.snapshot.unsaved_lines() > 0 || self.journal.len() != self.saved_len {
+            self.checkpoint()?;
+        }
         if let Some(index) = self.snapshot.index() {
             index.filter_ids();
         }
+        Ok(())
     }
 
     /// What the due times in the index are computed with.
@@ -377,6 +382,7 @@ impl Judge {
 pub fn once(bridge: Bridge, lock: BridgeLock) -> Result<CatchUp> {
     let mut judge = Judge::open(bridge, lock)?;
     judge.save_in_background();
+    judge.filter_ids()?;
     let stats = judge.catch_up(Utc::now())?;
     judge.checkpoint()?;
     Ok(stats)
