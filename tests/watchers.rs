@@ -137,3 +137,63 @@ fn a_told_watcher_follows_an_inbox_replaced_under_it() {
     assert_eq!(watch.next(PATIENCE), "01SENTINEL");
     daemon.kill();
 }
+
+/// The cursor the watcher moved belongs to the inbox's old bytes: once the inbox is
+/// truncated in place (the same inode) and written anew, the new generation is printed from
+/// its start, not from where the old one stood.
+#[test]
+fn a_told_watcher_reads_an_inbox_truncated_in_place_from_its_start() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let daemon = Daemon::start(&bridge, &[]);
+    let watch = Watch::start(&bridge, "web");
+    for id in ["01FIRSTLONGLINE", "01SECONDLONGLINE"] {
+        bridge.append_raw("web", note(id).as_bytes());
+        assert_eq!(watch.next(PATIENCE), id);
+    }
+    let end = std::fs::metadata(bridge.inbox("web")).unwrap().len();
+    bridge.wait_for(PATIENCE, "the cursor moved past both", |b| {
+        std::fs::read_to_string(b.dir().join("web-inbox.cursor"))
+            .is_ok_and(|text| text.contains(&format!("\"offset\":{end}")))
+    });
+    std::fs::write(bridge.inbox("web"), note("01C")).unwrap(); // O_TRUNC: the same inode
+    assert_eq!(watch.next(PATIENCE), "01C");
+    for id in ["01D", "01E"] {
+        bridge.append_raw("web", note(id).as_bytes());
+        assert_eq!(watch.next(PATIENCE), id);
+    }
+    daemon.kill();
+}
+
+/// An inbox rewritten in place while the daemon could not look (stopped), with lines of the
+/// same length whose last bytes are alike: only its first bytes tell it is another file.
+#[test]
+fn an_inbox_rewritten_in_place_with_only_its_head_changed_is_a_new_generation() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let daemon = Daemon::start(&bridge, &[]);
+    let same = |id: &str| {
+        format!(
+            r#"{{"id":"{id}","from":"design","to":"web","kind":"note","createdAt":"2026-11-29T10:00:00Z","message":{{"role":"agent","parts":[{{"type":"text","text":"the same words every time"}}]}}}}"#
+        ) + "\n"
+    };
+    let old = same("01HAAAAAAAAAAAAAAAAAAAAAAA") + &same("01HBBBBBBBBBBBBBBBBBBBBBBB");
+    bridge.append_raw("web", old.as_bytes());
+    bridge.wait_for(PATIENCE, "two judged", |b| b.verdict_count() == 2);
+    daemon.signal("STOP");
+    let new = same("01HCCCCCCCCCCCCCCCCCCCCCCC") + &same("01HDDDDDDDDDDDDDDDDDDDDDDD");
+    assert_eq!(new.len(), old.len());
+    std::fs::write(bridge.inbox("web"), new.as_bytes()).unwrap(); // O_TRUNC: the same inode
+    daemon.signal("CONT");
+    bridge.append_raw("web", same("01HEEEEEEEEEEEEEEEEEEEEEEE").as_bytes());
+    bridge.wait_for(PATIENCE, "the new file's three lines judged", |b| {
+        b.verdict_count() == 5
+    });
+    let ids: Vec<String> = bridge
+        .journal()
+        .iter()
+        .filter(|r| r["v"] == "a")
+        .filter_map(|r| r["a"]["id"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(ids.len(), 5, "{ids:?}");
+    assert!(ids.iter().any(|id| id.starts_with("01HCCCC")), "{ids:?}");
+    daemon.kill();
+}

@@ -58,18 +58,15 @@ pub fn follow(
             .unwrap_or_else(|| InboxView::empty(agent));
         (journal, view.updates())
     };
-    // Everything printed at one turn goes out in one write (print_accepted flushes).
+    // What one turn prints goes out in one write (print_accepted flushes).
     let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
     let mut keeper = cursor::Keeper::new(&bridge, agent)?;
     loop {
-        let gen = journal.journal.gen;
-        // What was told while printing started a new generation or names another file:
-        // handled below, without waiting.
-        let mut changed = false;
         if inbox_identity == (journal.journal.dev, journal.journal.ino) {
             // One reader of the agent at a time; another may have read on meanwhile.
             let _reading = keeper.reading()?;
-            if let cursor::Position::At(at) = keeper.load(&inbox, inbox_identity)? {
+            let gen = journal.journal.gen;
+            if let cursor::Position::At(at) = keeper.load(&inbox, inbox_identity, gen)? {
                 printed_to = printed_to.max(at);
             }
             let reading = Inbox {
@@ -77,58 +74,34 @@ pub fn follow(
                 path: &path,
                 file: &inbox,
             };
-            let (mut upto, mut printed) = (printed_to, 0);
-            // What the daemon tells while this turn prints is printed in it too: a burst
-            // moves the cursor once, not once for every step of the judge.
-            for _ in 0..TURNS_AT_ONCE {
-                match print_accepted(&reading, &mut journal, upto, json, &mut out)? {
-                    Printed::ClosedPipe => return Ok(OK),
-                    Printed::Upto(to, count) => {
-                        upto = upto.max(to);
-                        printed += count;
+            match print_accepted(&reading, &mut journal, printed_to, json, &mut out)? {
+                Printed::ClosedPipe => return Ok(OK),
+                Printed::Upto(to, count) => {
+                    if to > printed_to {
+                        keeper.advance(&bridge, &inbox, (inbox_identity, gen), to, via)?;
+                        printed_to = to;
+                    }
+                    if count > 0 && matches!(until, Until::FirstMessages(_)) {
+                        return Ok(OK);
                     }
                 }
-                if printed > 0 && matches!(until, Until::FirstMessages(_)) {
-                    break;
-                }
-                let told = source.ready();
-                if told.is_empty() {
-                    break;
-                }
-                for appended in &told {
-                    follower.take(appended, &mut journal)?;
-                }
-                if journal.journal.gen != gen
-                    || (journal.journal.dev, journal.journal.ino) != inbox_identity
-                {
-                    changed = true;
-                    break;
-                }
-            }
-            if upto > printed_to {
-                keeper.advance(&bridge, &inbox, inbox_identity, upto, via)?;
-                printed_to = upto;
-            }
-            if printed > 0 && matches!(until, Until::FirstMessages(_)) {
-                return Ok(OK);
             }
         }
         let deadline = match until {
             Until::Stopped => None,
             Until::FirstMessages(deadline) => Some(deadline),
         };
-        if !changed {
-            match source.next(&bridge, deadline)? {
-                Change::Appended(appended) => {
-                    for appended in &appended {
-                        follower.take(appended, &mut journal)?;
-                    }
+        let gen = journal.journal.gen;
+        match source.next(&bridge, deadline)? {
+            Change::Appended(appended) => {
+                for appended in &appended {
+                    follower.take(appended, &mut journal)?;
                 }
-                Change::Files => follower.follow(&mut journal)?,
-                Change::TimedOut => {
-                    eprintln!("doorbell: nothing arrived for {agent} before the timeout");
-                    return Ok(crate::wait::TIMED_OUT);
-                }
+            }
+            Change::Files => follower.follow(&mut journal)?,
+            Change::TimedOut => {
+                eprintln!("doorbell: nothing arrived for {agent} before the timeout");
+                return Ok(crate::wait::TIMED_OUT);
             }
         }
         // The judge started a new generation (truncated, replaced, recreated): start over,
@@ -163,18 +136,7 @@ enum Change {
     TimedOut,
 }
 
-/// At most this many prints of what was told meanwhile before the cursor moves.
-const TURNS_AT_ONCE: usize = 64;
-
 impl Source {
-    /// What the daemon has told already, without waiting (nothing when following files).
-    fn ready(&mut self) -> Vec<Appended> {
-        match self {
-            Source::Told(told) => std::iter::from_fn(|| told.ready()).collect(),
-            Source::Files(_) => Vec::new(),
-        }
-    }
-
     fn start(bridge: &Bridge) -> anyhow::Result<Source> {
         Ok(match Told::connect(&bridge.state_dir()?) {
             Some(told) => Source::Told(told),

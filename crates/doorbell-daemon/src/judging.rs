@@ -3,6 +3,7 @@
 //! arrives, and never wakes otherwise.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -71,6 +72,8 @@ struct Batch {
     stop: bool,
     /// A new config to judge with from now on (the latest, when several came).
     config: Option<Config>,
+    /// How many reloads came in it.
+    reloads: usize,
     /// When the doorbell next rings, as of this wake.
     ring: Option<Instant>,
 }
@@ -89,8 +92,10 @@ struct Judging {
 }
 
 /// Where the judge sits: empty before the start-up catch-up is done and once stopping began.
+/// While a reload waits for the judging thread, hints go there too: a line written after
+/// the reload was announced is judged with the new config.
 #[derive(Debug, Clone, Default)]
-pub struct Seat(Arc<Mutex<Option<Judging>>>);
+pub struct Seat(Arc<Mutex<Option<Judging>>>, Arc<AtomicUsize>);
 
 impl std::fmt::Debug for Judging {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -103,10 +108,22 @@ impl Seat {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Hand a validated config to the judging thread; until it is applied, every hint
+    /// waits for it there.
+    pub fn reload(&self, config: Config, inputs: &Sender<Input>) {
+        self.1.fetch_add(1, Ordering::SeqCst);
+        if inputs.send(Input::Reload(Box::new(config))).is_err() {
+            self.1.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
     /// Judge `inbox` now, on the calling thread (the watch's): true when done. False when the
     /// judging thread must (the start-up catch-up is not done, the daemon is stopping, or
     /// writes fail and wait for their retry): then hand it the hint.
     pub fn judge_now(&self, inbox: &str, inputs: &Sender<Input>) -> bool {
+        if self.1.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
         let mut seat = self.lock();
         let Some(judging) = seat.as_mut() else {
             return false;
@@ -240,11 +257,15 @@ pub fn run(
         if batch.stop {
             break;
         }
-        let mut seat = seat.lock();
-        let Some(judging) = seat.as_mut() else {
+        let reloads = batch.reloads;
+        let mut seated = seat.lock();
+        let Some(judging) = seated.as_mut() else {
             break;
         };
-        if !judging.act(batch) {
+        let going_on = judging.act(batch);
+        // Applied: hints may be judged where they arrive again.
+        seat.1.fetch_sub(reloads, Ordering::SeqCst);
+        if !going_on {
             break;
         }
     }
@@ -294,7 +315,10 @@ fn receive(inputs: &Receiver<Input>, next: Option<Instant>) -> Batch {
             }
             Input::Rescan => batch.rescan = true,
             Input::Reports => batch.reports = true,
-            Input::Reload(config) => batch.config = Some(*config),
+            Input::Reload(config) => {
+                batch.config = Some(*config);
+                batch.reloads += 1;
+            }
             Input::Wake => {}
             Input::Stop => batch.stop = true,
         }

@@ -88,8 +88,16 @@ pub async fn run(
             tracing::warn!(%error, "cannot listen for watchers: they follow the journal file");
         })
         .ok();
+    let judging_seat = seat.clone();
     let judging = tokio::task::spawn_blocking(move || {
-        judging::run(judge, &receiver, &arrivals_tx, watchers, &seat, ready)
+        judging::run(
+            judge,
+            &receiver,
+            &arrivals_tx,
+            watchers,
+            &judging_seat,
+            ready,
+        )
     });
     let cancel = CancellationToken::new();
     let mut hooks = hooks::Hooks::new(config_rx, cancel.clone());
@@ -110,7 +118,7 @@ pub async fn run(
                     Ok(config) => {
                         let path = config.path.clone();
                         let _ = config_tx.send(Arc::new(config.clone()));
-                        let _ = inputs.send(Input::Reload(Box::new(config)));
+                        seat.reload(config, &inputs);
                         // Logged once handed over: a line written after this is judged with it.
                         tracing::info!(?path, "config reloaded");
                     }

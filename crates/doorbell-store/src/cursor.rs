@@ -46,6 +46,11 @@ impl Position {
 }
 
 fn read_cursor(path: &Path) -> Result<Option<CursorFile>> {
+    Ok(cursor_text(path)?.and_then(|text| parse_cursor(path, &text)))
+}
+
+/// The cursor file's text; `None` when there is none (or it is a symlink, never followed).
+fn cursor_text(path: &Path) -> Result<Option<String>> {
     let mut text = String::new();
     match OpenOptions::new()
         .read(true)
@@ -65,16 +70,20 @@ fn read_cursor(path: &Path) -> Result<Option<CursorFile>> {
         }
         Err(e) => return Err(Error::io("open cursor", path)(e)),
     }
+    Ok(Some(text))
+}
+
+fn parse_cursor(path: &Path, text: &str) -> Option<CursorFile> {
     if text.trim().is_empty() {
-        return Ok(None);
+        return None;
     }
-    match serde_json::from_str(&text) {
-        Ok(cursor) => Ok(Some(cursor)),
+    match serde_json::from_str(text) {
+        Ok(cursor) => Some(cursor),
         Err(error) => {
             // Cursors are not synced (they may go back, never forward), so a power loss can
             // leave one unreadable: going back to the start is the safe direction.
             tracing::warn!(path = %path.display(), %error, "the cursor file cannot be read: reading the inbox from the start");
-            Ok(None)
+            None
         }
     }
 }
@@ -145,14 +154,14 @@ pub fn advance(bridge: &Bridge, agent: &str, inbox: &File, offset: u64, via: &st
     advance_stamped(bridge, agent, inbox, offset, via).map(|_| ())
 }
 
-/// [`advance`], and the stamp of the cursor file it left (taken under the cursor's lock).
+/// [`advance`], and the text of the cursor file it wrote (`None`: it wrote none).
 fn advance_stamped(
     bridge: &Bridge,
     agent: &str,
     inbox: &File,
     offset: u64,
     via: &str,
-) -> Result<Option<Stamp>> {
+) -> Result<Option<String>> {
     let path = bridge.cursor_path(agent)?;
     let _guard = lock_cursor(&path)?;
     let current = validate(read_cursor(&path)?, inbox)?;
@@ -177,7 +186,6 @@ fn advance_stamped(
     // Not synced: after a power loss a cursor may go back (messages shown again), never
     // forward; an fsync per message held up `watch` behind the disk.
     crate::atomic::write_atomic_unsynced(&path, text.as_bytes())?;
-    let stamp = stamp_of(&path)?;
     let read = ReadRecord {
         dev: meta.dev(),
         ino: meta.ino(),
@@ -191,38 +199,21 @@ fn advance_stamped(
     if let Err(error) = append_read(bridge, agent, &read) {
         tracing::warn!(%error, agent, "could not note the read in the read log");
     }
-    Ok(stamp)
-}
-
-/// What tells one cursor file from the next: each is a new file renamed into place, so its
-/// inode, change time or length differ from the one it replaced.
-type Stamp = (u64, u64, i64, i64, u64);
-
-fn stamp_of(path: &Path) -> Result<Option<Stamp>> {
-    match fs::symlink_metadata(path) {
-        Ok(meta) => Ok(Some((
-            meta.dev(),
-            meta.ino(),
-            meta.ctime(),
-            meta.ctime_nsec(),
-            meta.len(),
-        ))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io("stat cursor", path)(e)),
-    }
+    Ok(Some(text))
 }
 
 /// A reader that stays (`watch`): its reader lock stays open between readings, and its
-/// cursor is read and checked again only when the cursor file or the inbox file changed
-/// since this reader last saw them (another reader moved it, or the inbox is another file).
+/// cursor is checked against the inbox again only when the cursor's text, the inbox file or
+/// the inbox's generation changed since this reader last saw them (another reader moved it,
+/// or the inbox is another file now).
 #[derive(Debug)]
 pub struct Keeper {
     lock: std::rc::Rc<File>,
     cursor: std::path::PathBuf,
     agent: String,
-    /// The cursor file and the inbox file (device, inode) as last read or written here, and
-    /// the position they gave.
-    known: Option<(Stamp, (u64, u64), Position)>,
+    /// The cursor's text as last read or written here, the inbox file (device, inode) and
+    /// generation it was checked against, and the position that gave.
+    known: Option<(String, (u64, u64), u32, Position)>,
 }
 
 /// A reading held by a [`Keeper`]: let go when dropped.
@@ -257,17 +248,21 @@ impl Keeper {
         })
     }
 
-    /// Where the agent resumes reading `inbox` (whose device and inode are `identity`), as
-    /// [`load`] says.
-    pub fn load(&mut self, inbox: &File, identity: (u64, u64)) -> Result<Position> {
-        let stamp = stamp_of(&self.cursor)?;
-        if let (Some(stamp), Some((known, of, position))) = (stamp, self.known) {
-            if stamp == known && of == identity {
-                return Ok(position);
+    /// Where the agent resumes reading `inbox` (whose device and inode are `identity`, in
+    /// the judge's generation `gen`), as [`load`] says.
+    pub fn load(&mut self, inbox: &File, identity: (u64, u64), gen: u32) -> Result<Position> {
+        let text = cursor_text(&self.cursor)?;
+        if let (Some(text), Some((known, of, known_gen, position))) = (&text, &self.known) {
+            if text == known && *of == identity && *known_gen == gen {
+                return Ok(*position);
             }
         }
-        let position = validate(read_cursor(&self.cursor)?, inbox)?;
-        self.known = stamp.map(|stamp| (stamp, identity, position));
+        let position = validate(
+            text.as_deref()
+                .and_then(|text| parse_cursor(&self.cursor, text)),
+            inbox,
+        )?;
+        self.known = text.map(|text| (text, identity, gen, position));
         Ok(position)
     }
 
@@ -276,15 +271,13 @@ impl Keeper {
         &mut self,
         bridge: &Bridge,
         inbox: &File,
-        identity: (u64, u64),
+        (identity, gen): ((u64, u64), u32),
         offset: u64,
         via: &str,
     ) -> Result<()> {
         let agent = self.agent.clone();
-        match advance_stamped(bridge, &agent, inbox, offset, via)? {
-            Some(stamp) => self.known = Some((stamp, identity, Position::At(offset))),
-            None => self.known = None,
-        }
+        self.known = advance_stamped(bridge, &agent, inbox, offset, via)?
+            .map(|text| (text, identity, gen, Position::At(offset)));
         Ok(())
     }
 }

@@ -62,7 +62,7 @@ impl Marker {
     }
 
     /// [`Marker::of`], taking the head as `head` (its length and hash) when that is the head
-    /// `offset` needs: for a file held open whose head was hashed already, only the bytes
+    /// `offset` needs: for a file whose head was just read and matched, only the bytes
     /// before `offset` are read.
     pub fn of_with_head(
         file: &File,
@@ -81,16 +81,6 @@ impl Marker {
                 tail,
             }),
         )
-    }
-
-    /// [`Marker::matches`] with the head known as in [`Marker::of_with_head`].
-    pub fn matches_with_head(
-        &self,
-        file: &File,
-        offset: u64,
-        head: Option<(u64, u64)>,
-    ) -> io::Result<bool> {
-        Ok(Marker::of_with_head(file, offset, head)?.as_ref() == Some(self))
     }
 
     /// The head this marker holds: its length and hash.

@@ -848,6 +848,9 @@ pub struct JournalWriter {
     identity: (u64, u64),
     /// A copy of what was appended since it was last taken, while someone wants one.
     copy: Option<Appended>,
+    /// Bytes were appended that no copy holds (let go for its size, or with a writer that
+    /// was given up): the next copy says so, empty, so that who follows reads the file.
+    copy_lost: bool,
 }
 
 /// Bytes appended to the journal file `dev`/`ino` from `from` on: whole records. The daemon
@@ -869,8 +872,9 @@ impl Appended {
 }
 
 /// A copy of appended bytes longer than this is let go (and the next starts where the journal
-/// stands): a watcher that needs them reads the file.
-const COPY_BYTES: usize = 1 << 20;
+/// stands): a watcher that needs them reads the file. Below what a socket holds unread, so
+/// that a watcher that reads is never let go for one step's size.
+const COPY_BYTES: usize = 128 << 10;
 
 impl JournalWriter {
     /// Open the journal for appending, cutting off a torn last record at `valid_len`.
@@ -901,6 +905,7 @@ impl JournalWriter {
             scratch: Vec::with_capacity(1024),
             identity: (meta.dev(), meta.ino()),
             copy: None,
+            copy_lost: false,
         })
     }
 
@@ -920,12 +925,24 @@ impl JournalWriter {
         self.copy.is_some()
     }
 
+    /// Appends were made that no copy holds (another writer's, given up): the next copy
+    /// says so.
+    pub fn lose_copy(&mut self) {
+        self.copy_lost = true;
+    }
+
     /// Everything appended since the last call, written to the file first (`None` when no
-    /// copy is kept or nothing was appended).
+    /// copy is kept or nothing was appended). Empty, from where the journal stands, when
+    /// appends were made that no copy holds: who follows must read the file.
     pub fn take_copy(&mut self) -> Result<Option<Appended>> {
-        if self.copy.as_ref().is_none_or(|copy| copy.bytes.is_empty()) {
+        if self
+            .copy
+            .as_ref()
+            .is_none_or(|copy| copy.bytes.is_empty() && !self.copy_lost)
+        {
             return Ok(None);
         }
+        self.copy_lost = false;
         self.flush()?;
         let Some(copy) = &mut self.copy else {
             return Ok(None);
@@ -985,6 +1002,7 @@ impl JournalWriter {
                         // Too much for a copy: who follows reads the file.
                         copy.bytes = Vec::new();
                         copy.from = self.len;
+                        self.copy_lost = true;
                     } else {
                         copy.bytes.extend_from_slice(&self.scratch);
                     }
@@ -1139,6 +1157,49 @@ mod tests {
         let mut bytes = text.as_bytes().to_vec();
         add_checksum(&mut bytes);
         bytes
+    }
+
+    #[test]
+    fn appends_no_copy_holds_are_said_by_an_empty_copy_from_where_the_journal_stands() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(JOURNAL_FILE);
+        let mut writer = JournalWriter::open(&path, 0).unwrap();
+        writer.keep_copy();
+        // The append that takes the copy past its size is the last before it is taken.
+        let mut offset = 0;
+        while writer.len() <= COPY_BYTES as u64 {
+            writer
+                .append(&Record::new("web", 0, offset, Word::Accepted, 1))
+                .unwrap();
+            offset += 10;
+        }
+        let told = writer
+            .take_copy()
+            .unwrap()
+            .expect("a copy that says bytes were missed");
+        assert!(told.bytes.is_empty());
+        assert_eq!(told.from, writer.len());
+        // A follower that stood before them does not take it: it reads the file.
+        let mut follower = JournalFollower::new(path.clone(), 0);
+        follower.read(&mut |_| {}).unwrap();
+        let mut behind = JournalFollower::new(path.clone(), 0);
+        behind.read(&mut |_| {}).unwrap();
+        assert!(
+            follower.take(&told, &mut |_| {}).unwrap(),
+            "read to the end: nothing missed"
+        );
+        let stale = Appended {
+            from: told.from + 1,
+            ..told.clone()
+        };
+        assert!(!behind.take(&stale, &mut |_| {}).unwrap());
+        assert!(writer.take_copy().unwrap().is_none(), "said once");
+        // A writer given up for a new one (a roll, a reload): the new one's first copy says so.
+        let mut next = JournalWriter::open(&path, writer.len()).unwrap();
+        next.keep_copy();
+        next.lose_copy();
+        let told = next.take_copy().unwrap().expect("the loss is said");
+        assert!(told.bytes.is_empty());
     }
 
     #[test]

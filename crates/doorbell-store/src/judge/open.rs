@@ -365,7 +365,9 @@ impl Judge {
         self.snapshot = loaded.snapshot;
         self.journal = loaded.journal;
         if copy {
+            // What the given-up writer appended was never told: who follows reads the file.
             self.journal.keep_copy();
+            self.journal.lose_copy();
         }
         self.refused_log = loaded.refused_log;
         self.index = loaded.index;

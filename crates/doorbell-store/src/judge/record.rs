@@ -155,7 +155,10 @@ impl Judge {
         crate::segments::start_empty(&self.journal_path)?;
         self.journal = JournalWriter::open(&self.journal_path, 0)?;
         if copy {
+            // What the sealed file got since the last copy was never told: who follows
+            // reads the file (and on into this one).
             self.journal.keep_copy();
+            self.journal.lose_copy();
         }
         self.snapshot.segment = segment + 1;
         self.snapshot.journal_len = 0;

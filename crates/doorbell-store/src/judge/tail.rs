@@ -42,13 +42,7 @@ pub(super) struct OpenInbox {
     pub(super) dev: u64,
     pub(super) ino: u64,
     pub(super) used: u64,
-    /// The length and hash of the head last hashed through this open file: while the file
-    /// stays open at its path, only the bytes before an offset are read to know it again.
-    pub(super) head: Option<(u64, u64)>,
 }
-
-/// An inbox's file for a sweep: the file, its metadata, the head known for it.
-pub(super) type Current = (File, std::fs::Metadata, Option<(u64, u64)>);
 
 impl Judge {
     /// The inbox now at `name`'s path, with its metadata, draining the file the judge had open
@@ -60,7 +54,7 @@ impl Judge {
         now: DateTime<Utc>,
         held: &mut HeldLines,
         stats: &mut CatchUp,
-    ) -> Result<Option<Current>> {
+    ) -> Result<Option<(File, std::fs::Metadata)>> {
         let path = self.bridge.inbox_path(name)?;
         let meta_at_path = match std::fs::symlink_metadata(&path) {
             Ok(meta) => Some(meta),
@@ -72,7 +66,7 @@ impl Judge {
             if at_path == Some((open.dev, open.ino)) {
                 // The same inode: what the path says of it is what the open file would.
                 if let Some(meta) = meta_at_path {
-                    return Ok(Some((open.file, meta, open.head)));
+                    return Ok(Some((open.file, meta)));
                 }
             }
             if let Err(e) = self.drain(name, &open, now, held, stats) {
@@ -114,7 +108,7 @@ impl Judge {
             self.readable_again = true;
         }
         let meta = file.metadata().map_err(Error::io("stat inbox", &path))?;
-        Ok(Some((file, meta, None)))
+        Ok(Some((file, meta)))
     }
 
     /// Read a replaced or deleted inbox's old file to its end, as its own generation.
@@ -150,7 +144,7 @@ impl Judge {
         held: &mut HeldLines,
         stats: &mut CatchUp,
     ) -> Result<()> {
-        let Some((file, meta, known_head)) = self.current_file(name, now, held, stats)? else {
+        let Some((file, meta)) = self.current_file(name, now, held, stats)? else {
             return Ok(());
         };
         if let Some(other) = self.snapshot.same_file_as_another(name, &file, &meta) {
@@ -168,7 +162,7 @@ impl Judge {
         let known_gen = self.snapshot.inboxes.get(name).map(|known| known.gen);
         let size = meta.len();
         let read = self
-            .check_generation(name, &file, &meta, known_head, now, stats)
+            .check_generation(name, &file, &meta, now, stats)
             .and_then(|gen| {
                 let end = self.read_lines(name, gen, &file, Some(size), now, held, stats)?;
                 Ok((gen, end))
@@ -176,32 +170,30 @@ impl Judge {
         let (gen, end) = match read {
             Ok(read) => read,
             Err(e) => {
-                self.keep_open(name, file, &meta, None);
+                self.keep_open(name, file, &meta);
                 return Err(e);
             }
         };
-        // A new generation's head is hashed afresh.
-        let mut head_now = known_head.filter(|_| known_gen == Some(gen));
-        let marked = self.snapshot.inboxes[name].mark.map(|(offset, _)| offset);
+        // The head the generation check just read and matched, when it is this generation's:
+        // the new mark reads only the bytes before its offset.
+        let known = &self.snapshot.inboxes[name];
+        let verified = known
+            .mark
+            .filter(|_| known_gen == Some(gen))
+            .map(|(_, marker)| marker.head());
+        let marked = known.mark.map(|(offset, _)| offset);
         if end > 0 && marked != Some(end) {
             let path = self.bridge.inbox_path(name)?;
-            let now_marker = Marker::of_with_head(&file, end, head_now);
+            let now_marker = Marker::of_with_head(&file, end, verified);
             if let Some(marker) = now_marker.map_err(Error::io("read inbox", &path))? {
-                head_now = Some(marker.head());
                 self.mark(name, gen, end, &meta, Some(marker), now)?;
             }
         }
-        self.keep_open(name, file, &meta, head_now);
+        self.keep_open(name, file, &meta);
         Ok(())
     }
 
-    pub(super) fn keep_open(
-        &mut self,
-        name: &str,
-        file: File,
-        meta: &std::fs::Metadata,
-        head: Option<(u64, u64)>,
-    ) {
+    pub(super) fn keep_open(&mut self, name: &str, file: File, meta: &std::fs::Metadata) {
         self.uses += 1;
         if self.files.len() >= OPEN_FILES && !self.files.contains_key(name) {
             if let Some(oldest) = self
@@ -220,7 +212,6 @@ impl Judge {
                 dev: meta.dev(),
                 ino: meta.ino(),
                 used: self.uses,
-                head,
             },
         );
     }
@@ -389,16 +380,12 @@ impl Judge {
     }
 
     /// Make sure the journal's view of the inbox belongs to this very file; start a new
-    /// generation when it was truncated, replaced or recreated. `head` is the head hashed
-    /// through this open file when it is the one the journal knows (the same inode still at
-    /// the path): then only its size and the bytes before the mark are read again, which a
-    /// truncation, or a rewrite of that inode, changes.
+    /// generation when it was truncated, replaced or recreated.
     pub(super) fn check_generation(
         &mut self,
         name: &str,
         file: &File,
         meta: &std::fs::Metadata,
-        head: Option<(u64, u64)>,
         now: DateTime<Utc>,
         stats: &mut CatchUp,
     ) -> Result<u32> {
@@ -416,9 +403,7 @@ impl Judge {
         // inbox; without a marker only the inode can say.
         let same = meta.len() >= resume
             && match known.mark {
-                Some((offset, marker)) => marker
-                    .matches_with_head(file, offset, head.filter(|_| !moved))
-                    .unwrap_or(false),
+                Some((offset, marker)) => marker.matches(file, offset).unwrap_or(false),
                 None => !moved,
             };
         if same && moved {
