@@ -344,8 +344,17 @@ impl Judge {
     /// The turns of the responses waiting in `names` (`turns.rs`): each inbox read from where
     /// judging stopped, when its file is the one the journal knows.
     pub(super) fn turns(&self, names: &[String]) -> Turns {
+        // Turns are between inboxes: with unjudged bytes in one inbox at most (a command's
+        // catch-up, nearly always) there are none, and no inbox needs opening for them.
+        let waiting: Vec<&String> = names
+            .iter()
+            .filter(|name| self.has_unjudged_bytes(name))
+            .collect();
+        if waiting.len() < 2 {
+            return Turns::default();
+        }
         let mut pending = Vec::new();
-        for name in names {
+        for name in waiting {
             let Ok(path) = self.bridge.inbox_path(name) else {
                 continue;
             };
@@ -394,6 +403,24 @@ impl Judge {
             })
             .collect();
         Turns::scan(&inboxes, self.limits.max_line_bytes)
+    }
+
+    /// Whether `name`'s inbox may hold bytes not judged yet: it is longer than where judging
+    /// stopped, or not the file the journal knows (or cannot be looked at: perhaps).
+    fn has_unjudged_bytes(&self, name: &str) -> bool {
+        let Ok(meta) = self
+            .bridge
+            .inbox_path(name)
+            .and_then(|path| std::fs::symlink_metadata(path).map_err(crate::Error::from))
+        else {
+            return true;
+        };
+        match self.snapshot.inboxes.get(name) {
+            Some(known) if (known.dev, known.ino) == (meta.dev(), meta.ino()) => {
+                meta.len() > known.judged_to
+            }
+            _ => meta.len() > 0,
+        }
     }
 
     /// The verdict on one complete line, and whether it is a line of the judge's own that
