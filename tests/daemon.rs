@@ -16,13 +16,8 @@ const PATIENCE: Duration = Duration::from_secs(20);
 fn watch_prints_a_request_and_a_bad_response_is_refused_and_told_once() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
     let _daemon = Daemon::start(&bridge, &[]);
-    let mut watch = bridge.command(&["watch", "web", "--json"]);
-    watch
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .stdin(Stdio::null());
-    let mut watch = watch.spawn().unwrap();
-    let mut printed = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let mut watch = crate::util::WatchChild::spawn(&bridge, "web");
+    let mut printed = BufReader::new(watch.0.stdout.take().unwrap()).lines();
     let id = bridge
         .doorbell(&[
             "send",
@@ -39,8 +34,7 @@ fn watch_prints_a_request_and_a_bad_response_is_refused_and_told_once() {
         .to_owned();
     let first: serde_json::Value = serde_json::from_str(&printed.next().unwrap().unwrap()).unwrap();
     assert_eq!(first["envelope"]["id"], id.as_str());
-    watch.kill().unwrap();
-    watch.wait().unwrap();
+    drop(watch);
 
     // A response without correlatesTo, written by hand into design's inbox.
     bridge.append_raw(

@@ -678,20 +678,37 @@ fn wait_until(path: &Path, timeout: std::time::Duration, what: &str, done: impl 
 
 /// A running `doorbell watch AGENT --json`: the ids it prints, in order. Killed when dropped.
 pub struct Watch {
-    child: std::process::Child,
+    child: WatchChild,
     ids: std::sync::mpsc::Receiver<String>,
 }
 
-impl Watch {
-    pub fn start(bridge: &Bridge, agent: &str) -> Watch {
-        use std::io::BufRead;
+/// `doorbell watch AGENT --json` started, its output piped and not read yet; killed when
+/// dropped (a failed test leaves no watcher behind).
+pub struct WatchChild(pub std::process::Child);
+
+impl WatchChild {
+    pub fn spawn(bridge: &Bridge, agent: &str) -> WatchChild {
         let mut command = bridge.command(&["watch", agent, "--json"]);
         command
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .stdin(std::process::Stdio::null());
-        let mut child = command.spawn().unwrap();
-        let stdout = child.stdout.take().unwrap();
+        WatchChild(command.spawn().unwrap())
+    }
+}
+
+impl Drop for WatchChild {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Watch {
+    pub fn start(bridge: &Bridge, agent: &str) -> Watch {
+        use std::io::BufRead;
+        let mut child = WatchChild::spawn(bridge, agent);
+        let stdout = child.0.stdout.take().unwrap();
         let (tx, ids) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(stdout).lines() {
@@ -714,14 +731,7 @@ impl Watch {
     }
 
     pub fn id(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.0.id()
     }
 }
 

@@ -4,10 +4,9 @@
 //! once, in order.
 
 use std::io::{BufRead, BufReader};
-use std::process::Stdio;
 use std::time::Duration;
 
-use crate::util::{line, Bridge, Daemon, Watch};
+use crate::util::{line, Bridge, Daemon, Watch, WatchChild};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -72,12 +71,7 @@ fn a_watcher_is_told_by_the_daemon_and_reads_the_files_when_it_goes() {
 fn a_watcher_that_stops_reading_is_let_go_and_misses_nothing() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
     let mut daemon = Daemon::start(&bridge, &[]);
-    let mut watch = bridge.command(&["watch", "web", "--json"]);
-    watch
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .stdin(Stdio::null());
-    let mut watch = watch.spawn().unwrap();
+    let mut watch = WatchChild::spawn(&bridge, "web");
     // Nobody reads what it prints: its pipe fills, it stops reading the socket, the
     // daemon's writes to it fill that too.
     let mut sent = Vec::new();
@@ -99,7 +93,7 @@ fn a_watcher_that_stops_reading_is_let_go_and_misses_nothing() {
     }
     daemon.expect_stderr("a watcher that does not keep up is let go", PATIENCE);
     // Now it is read: everything, once, in order, the rest from the journal file.
-    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let mut lines = BufReader::new(watch.0.stdout.take().unwrap()).lines();
     let printed: Vec<String> = sent
         .iter()
         .map(|_| {
@@ -113,8 +107,7 @@ fn a_watcher_that_stops_reading_is_let_go_and_misses_nothing() {
     bridge.append_raw("web", note("01AFTERWARDS").as_bytes());
     let value: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
     assert_eq!(value["envelope"]["id"], "01AFTERWARDS");
-    watch.kill().unwrap();
-    watch.wait().unwrap();
+    drop(watch);
     daemon.kill();
 }
 
