@@ -68,11 +68,6 @@ impl IdFilter {
         self.ready.store(true, Ordering::Release);
     }
 
-    #[must_use]
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
-    }
-
     /// The memory it takes, in bytes.
     #[must_use]
     pub fn bytes(&self) -> usize {
