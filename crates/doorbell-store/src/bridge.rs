@@ -190,8 +190,12 @@ impl Bridge {
 
     /// Stations (inboxes and `[[agent]]` entries) and config loops.
     pub fn registry(&self) -> Result<Registry> {
+        self.registry_of(self.inboxes()?)
+    }
+
+    /// [`Bridge::registry`] with `inboxes` as [`Bridge::inboxes`] listed them just now.
+    pub fn registry_of(&self, inboxes: Vec<String>) -> Result<Registry> {
         let mut registry = Registry::default();
-        let inboxes = self.inboxes()?;
         // A loop and a station of one name: the station could never answer what it owes.
         if let Some(name) = self.config.loops.iter().find(|l| inboxes.contains(l)) {
             return Err(Error::NameTaken {

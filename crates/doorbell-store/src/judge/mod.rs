@@ -209,8 +209,10 @@ impl Judge {
     }
 
     fn refresh_registry(&mut self) -> Result<()> {
-        self.registry = self.bridge.registry()?;
-        self.inbox_names = self.bridge.inboxes()?.into_iter().collect();
+        // One listing of the folder for both.
+        let inboxes = self.bridge.inboxes()?;
+        self.registry = self.bridge.registry_of(inboxes.clone())?;
+        self.inbox_names = inboxes.into_iter().collect();
         // An unreadable inbox that is gone (deleted, renamed) holds nothing to wait for.
         let before = self.unreadable.len();
         let names = &self.inbox_names;

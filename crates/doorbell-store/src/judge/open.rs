@@ -315,11 +315,12 @@ impl Judge {
             max_line_bytes: bridge.max_line_bytes(),
         };
         let seal = crate::seal::Seal::open(&bridge.state_dir()?)?;
+        let inboxes = bridge.inboxes()?;
         Ok(Judge {
             seal,
             reader: LineReader::new(limits.max_line_bytes),
-            registry: bridge.registry()?,
-            inbox_names: bridge.inboxes()?.into_iter().collect(),
+            registry: bridge.registry_of(inboxes.clone())?,
+            inbox_names: inboxes.into_iter().collect(),
             published_names: None,
             unreadable: BTreeSet::new(),
             waiting_on_unreadable: BTreeSet::new(),
