@@ -32,7 +32,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, RngSeed};
 
 use crate::util::{
-    line, notices_in, read_records, split_lines, Bridge, Daemon, JournalRecord, RefusedRecord,
+    addressee_moves, line, notices_in, read_records, split_lines, Bridge, Daemon, JournalRecord,
+    RefusedRecord,
 };
 
 const NAMES: [&str; 6] = ["web", "design", "ops", "data", "qa", "human"];
@@ -333,22 +334,6 @@ struct Req {
 
 fn terminal(state: &str) -> bool {
     matches!(state, "completed" | "failed" | "canceled" | "rejected")
-}
-
-/// What the addressee may move a request to, from `state`.
-fn addressee_moves(state: &str) -> &'static [&'static str] {
-    match state {
-        "submitted" => &[
-            "working",
-            "input-required",
-            "completed",
-            "failed",
-            "rejected",
-        ],
-        "working" => &["working", "input-required", "completed", "failed"],
-        "input-required" => &["working", "completed", "failed"],
-        _ => &[],
-    }
 }
 
 #[derive(Debug, Default)]

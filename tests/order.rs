@@ -86,16 +86,10 @@ impl Model {
 
     /// The addressee's next state.
     fn answer(&mut self, n: usize, request: usize, b: u8) {
-        let next: &[&'static str] = match self.open[request].state {
-            "submitted" => &[
-                "working",
-                "input-required",
-                "completed",
-                "failed",
-                "rejected",
-            ],
-            "working" => &["working", "input-required", "completed", "failed"],
-            _ => &["working", "completed", "failed"],
+        // A closed request is answered too: a catch-up must refuse it as a live judge does.
+        let next = match crate::util::addressee_moves(self.open[request].state) {
+            [] => &["working", "completed", "failed"],
+            moves => moves,
         };
         self.respond(
             &format!("s{n}"),

@@ -774,3 +774,19 @@ pub fn python() -> PathBuf {
     }
     venv.join("bin/python")
 }
+
+/// What the addressee may move a request to, from `state`.
+pub fn addressee_moves(state: &str) -> &'static [&'static str] {
+    match state {
+        "submitted" => &[
+            "working",
+            "input-required",
+            "completed",
+            "failed",
+            "rejected",
+        ],
+        "working" => &["working", "input-required", "completed", "failed"],
+        "input-required" => &["working", "completed", "failed"],
+        _ => &[],
+    }
+}
