@@ -31,7 +31,7 @@ impl PendingCheckpoint {
 
     /// Sync, then write the changes into the index. Returns the change set saved, for
     /// [`Judge::saved`].
-    pub fn save(self, index: &mut IndexWriter) -> Result<u64> {
+    pub fn save(&self, index: &mut IndexWriter) -> Result<u64> {
         for (file, path) in &self.durable_first {
             crate::fault::check(path)
                 .and_then(|()| file.sync_data())
