@@ -113,3 +113,60 @@ fn a_second_judge_is_refused_with_exit_3() {
     // Reading still works from the journal as it stands.
     assert_eq!(bridge.doorbell(&["read", "web"]).code, 0);
 }
+
+/// A note whose text is `text_bytes` long.
+fn note_of(id: &str, from: &str, to: &str, text_bytes: usize) -> String {
+    format!(
+        r#"{{"id":"{id}","from":"{from}","to":"{to}","kind":"note","createdAt":"2026-11-29T10:00:00Z","message":{{"role":"agent","parts":[{{"type":"text","text":"{}"}}]}}}}"#,
+        "x".repeat(text_bytes)
+    ) + "\n"
+}
+
+/// A backlog in several inboxes is read a round at a time (a megabyte of each in turn):
+/// a line longer than a round is still judged whole, the lines after it too, and a
+/// conversation split across the rounds of two inboxes is accepted.
+#[test]
+fn a_backlog_read_in_rounds_judges_a_line_longer_than_a_round() {
+    let bridge = Bridge::with_agents(&["aaa", "zzz"]);
+    let config = bridge.tmp.path().join("doorbell.toml");
+    std::fs::write(&config, "max_line_bytes = 4194304\n").unwrap();
+    let mut aaa = String::new();
+    let mut zzz = String::new();
+    for i in 0..3000 {
+        aaa += &note_of(&format!("01AAA{i:05}"), "zzz", "aaa", 800);
+        zzz += &note_of(&format!("01ZZZ{i:05}"), "aaa", "zzz", 800);
+    }
+    // The request is read in zzz's first round, its answer in aaa's last.
+    zzz.insert_str(0, &(line("01REQUEST", "aaa", "zzz", "request", "") + "\n"));
+    aaa += &note_of("01BIG", "zzz", "aaa", 2_500_000);
+    aaa += &(line(
+        "01ANSWER",
+        "zzz",
+        "aaa",
+        "response",
+        r#","correlatesTo":"01REQUEST","state":"completed""#,
+    ) + "\n");
+    aaa += &note_of("01AFTER", "zzz", "aaa", 100);
+    bridge.append_raw("aaa", aaa.as_bytes());
+    bridge.append_raw("zzz", zzz.as_bytes());
+    let config = config.to_str().unwrap();
+    let run = bridge.doorbell(&["daemon", "--once", "--config", config]);
+    run.ok();
+    assert!(
+        run.stderr
+            .contains("judged 6004 lines: 6004 accepted, 0 duplicate, 0 refused"),
+        "{}",
+        run.stderr
+    );
+    let ids: Vec<String> = bridge
+        .read_json("aaa", &["--config", config])
+        .iter()
+        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 3003, "{:?}", &ids[2990..]);
+    assert_eq!(ids[2999..], ["01AAA02999", "01BIG", "01ANSWER", "01AFTER"]);
+    assert!(
+        ids.windows(2).take(2999).all(|w| w[0] < w[1]),
+        "in the inbox's order"
+    );
+}

@@ -132,20 +132,22 @@ impl Judge {
             "inbox was replaced or deleted: draining the old file first"
         );
         let gen = journal.gen;
-        self.read_lines(name, gen, &old.file, None, now, held, stats)?;
+        self.read_lines(name, gen, &old.file, None, false, now, held, stats)?;
         Ok(())
     }
 
-    /// Read one inbox from where judging stopped to its end.
+    /// Read one inbox from where judging stopped to its end, or about `budget` bytes of it
+    /// (at least one line). Returns whether the budget stopped it before the end.
     pub(super) fn sweep_one(
         &mut self,
         name: &str,
         now: DateTime<Utc>,
+        budget: Option<u64>,
         held: &mut HeldLines,
         stats: &mut CatchUp,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let Some((file, meta)) = self.current_file(name, now, held, stats)? else {
-            return Ok(());
+            return Ok(false);
         };
         if let Some(other) = self.snapshot.same_file_as_another(name, &file, &meta) {
             if self.doubles.insert(name.to_owned()) {
@@ -155,16 +157,37 @@ impl Judge {
                     "this inbox is {other}'s file under another name (a hard link, or {other}'s inbox renamed): its lines were judged as {other}'s and are not judged again; rename it back, or give the new agent an inbox of its own"
                 );
             }
-            return Ok(());
+            return Ok(false);
         }
         // Whatever goes wrong (a stop, a failed write), the file stays open: if it is replaced
         // before the next sweep, its unread lines can still be drained.
         let known_gen = self.snapshot.inboxes.get(name).map(|known| known.gen);
         let size = meta.len();
+        let mut stopped = false;
         let read = self
             .check_generation(name, &file, &meta, now, stats)
             .and_then(|gen| {
-                let end = self.read_lines(name, gen, &file, Some(size), now, held, stats)?;
+                let start = self.snapshot.inboxes[name].judged_to;
+                let until = budget
+                    .map(|b| start.saturating_add(b))
+                    .filter(|&u| u < size);
+                let mut end = self.read_lines(
+                    name,
+                    gen,
+                    &file,
+                    until.or(Some(size)),
+                    until.is_some(),
+                    now,
+                    held,
+                    stats,
+                )?;
+                stopped = until.is_some();
+                if stopped && end <= start {
+                    // One line (or run of blank lines) longer than the budget: read on to
+                    // the end.
+                    end = self.read_lines(name, gen, &file, Some(size), false, now, held, stats)?;
+                    stopped = false;
+                }
                 Ok((gen, end))
             });
         let (gen, end) = match read {
@@ -190,7 +213,7 @@ impl Judge {
             }
         }
         self.keep_open(name, file, &meta);
-        Ok(())
+        Ok(stopped)
     }
 
     pub(super) fn keep_open(&mut self, name: &str, file: File, meta: &std::fs::Metadata) {
@@ -217,7 +240,9 @@ impl Judge {
     }
 
     /// Judge the complete lines of `file` from where judging stopped in generation `gen`,
-    /// up to `size` when its size was just seen. Returns where the last complete line ends.
+    /// up to `size` when its size was just seen. Returns where the last complete line ends,
+    /// or, with `round`, where a run of blank lines that reaches `size` starts: a round that
+    /// stops inside the run leaves it to be judged whole, as one fragment.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn read_lines(
         &mut self,
@@ -225,6 +250,7 @@ impl Judge {
         gen: u32,
         file: &File,
         size: Option<u64>,
+        round: bool,
         now: DateTime<Utc>,
         held: &mut HeldLines,
         stats: &mut CatchUp,
@@ -312,6 +338,10 @@ impl Judge {
         });
         self.reader = reader;
         let end = result?;
+        if let Some((run_start, run_end)) = blank.filter(|&(_, run_end)| round && run_end == end) {
+            debug_assert!(run_start < run_end);
+            return Ok(run_start);
+        }
         self.refuse_blanks(name, gen, blank, now, stats)?;
         Ok(end)
     }
