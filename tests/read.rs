@@ -237,3 +237,34 @@ fn a_cursor_temp_file_left_by_a_killed_reader_is_removed_by_the_next() {
         ["design-inbox.jsonl", "web-inbox.cursor", "web-inbox.jsonl"]
     );
 }
+
+/// The judge reads its own notices back whole even when they are longer than
+/// `max_line_bytes`, and accepts them; a reader with the same config shows them too. It used
+/// to skip every line longer than its limit, accepted or not: the sender never saw why its
+/// line was refused.
+#[test]
+fn an_accepted_line_longer_than_max_line_bytes_is_shown() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let config = bridge.tmp.path().join("doorbell.toml");
+    std::fs::write(&config, "max_line_bytes = 300\n").unwrap();
+    let config = config.to_str().unwrap();
+    let bad = line(
+        "01NOREQUEST",
+        "design",
+        "web",
+        "response",
+        r#","state":"completed""#,
+    );
+    bridge.append_raw("web", format!("{bad}\n").as_bytes());
+    bridge
+        .doorbell(&["daemon", "--once", "--config", config])
+        .ok();
+    let notice = &bridge.lines("design")[0];
+    assert!(notice.len() > 300, "the notice is {} bytes", notice.len());
+    let read = bridge.read_json("design", &["--config", config]);
+    assert_eq!(read.len(), 1, "{read:?}");
+    assert_eq!(read[0]["envelope"]["from"], "bridge");
+    assert!(read[0]["envelope"].to_string().contains("01NOREQUEST"));
+    // Read: the cursor moved past it.
+    assert!(bridge.read_json("design", &["--config", config]).is_empty());
+}
