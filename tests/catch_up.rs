@@ -170,3 +170,104 @@ fn a_backlog_read_in_rounds_judges_a_line_longer_than_a_round() {
         "in the inbox's order"
     );
 }
+
+/// `daemon --once`, which must end within a minute (a catch-up that reads in circles fails
+/// here instead of hanging the suite); its stderr.
+fn once_within_a_minute(bridge: &Bridge) -> String {
+    let child = bridge
+        .command(&["daemon", "--once"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (done, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    let Ok(output) = ended.recv_timeout(std::time::Duration::from_secs(60)) else {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+        panic!("daemon --once still ran after a minute");
+    };
+    let output = output.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stderr}");
+    stderr
+}
+
+/// A line held for its request keeps judging behind it; the rounds after it go on from
+/// where the last one stopped reading (they read the same megabyte again, for ever).
+#[test]
+fn a_held_line_before_a_megabyte_does_not_stop_the_rounds() {
+    let bridge = Bridge::with_agents(&["aaa", "zzz"]);
+    let mut aaa = line(
+        "01NOREQUEST",
+        "zzz",
+        "aaa",
+        "response",
+        r#","correlatesTo":"01NOSUCHREQUEST","state":"completed""#,
+    ) + "\n";
+    for i in 0..1500 {
+        aaa += &note_of(&format!("01AAA{i:05}"), "zzz", "aaa", 800);
+    }
+    bridge.append_raw("aaa", aaa.as_bytes());
+    bridge.append_raw("zzz", note_of("01ZZZ00001", "aaa", "zzz", 10).as_bytes());
+    let stderr = once_within_a_minute(&bridge);
+    assert!(
+        stderr.contains("judged 1503 lines: 1502 accepted, 0 duplicate, 1 refused"),
+        "{stderr}"
+    );
+    let refused: Vec<_> = bridge
+        .verdicts()
+        .into_iter()
+        .filter(|v| v.2 != "accepted")
+        .collect();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].3.as_deref(), Some("unknown-request"));
+}
+
+/// Two crossing conversations, each inbox's first response waiting for its turn behind a
+/// line in the other inbox's second round: the rounds read on and every line is judged.
+#[test]
+fn turns_that_point_past_a_round_in_both_inboxes_are_judged() {
+    let bridge = Bridge::with_agents(&["aaa", "zzz"]);
+    let response = |id: &str, from: &str, to: &str, request: &str, state: &str, at: &str| {
+        format!(
+            r#"{{"id":"{id}","from":"{from}","to":"{to}","kind":"response","correlatesTo":"{request}","state":"{state}","createdAt":"2026-11-29T{at}Z","message":{{"role":"agent","parts":[{{"type":"text","text":"{state}"}}]}}}}"#
+        ) + "\n"
+    };
+    let mut aaa = line("01REQUEST2", "zzz", "aaa", "request", "") + "\n";
+    aaa += &response("01A1", "zzz", "aaa", "01REQUEST1", "working", "10:02:00");
+    let mut zzz = line("01REQUEST1", "aaa", "zzz", "request", "") + "\n";
+    zzz += &response("01B2", "aaa", "zzz", "01REQUEST2", "working", "10:03:00");
+    for i in 0..1500 {
+        aaa += &note_of(&format!("01AAA{i:05}"), "zzz", "aaa", 800);
+        zzz += &note_of(&format!("01ZZZ{i:05}"), "aaa", "zzz", 800);
+    }
+    aaa += &response("01A2", "zzz", "aaa", "01REQUEST2", "canceled", "10:00:00");
+    zzz += &response("01B1", "aaa", "zzz", "01REQUEST1", "canceled", "10:01:00");
+    bridge.append_raw("aaa", aaa.as_bytes());
+    bridge.append_raw("zzz", zzz.as_bytes());
+    let stderr = once_within_a_minute(&bridge);
+    // In the order of their times, as a live judge would have them: each cancel closes its
+    // request before the `working` stamped after it, which is refused.
+    assert!(
+        stderr.contains("judged 3008 lines: 3006 accepted, 0 duplicate, 2 refused"),
+        "{stderr}"
+    );
+    let journal = bridge.journal();
+    let mut refused: Vec<_> = journal
+        .iter()
+        .filter(|r| r["v"] == "r")
+        .map(|r| (r["id"].as_str().unwrap(), r["reason"].as_str().unwrap()))
+        .collect();
+    refused.sort_unstable();
+    assert_eq!(
+        refused,
+        [("01A1", "request-closed"), ("01B2", "request-closed")],
+        "{refused:?}"
+    );
+}

@@ -132,7 +132,7 @@ impl Judge {
             "inbox was replaced or deleted: draining the old file first"
         );
         let gen = journal.gen;
-        self.read_lines(name, gen, &old.file, None, false, now, held, stats)?;
+        self.read_lines(name, gen, &old.file, None, None, false, now, held, stats)?;
         Ok(())
     }
 
@@ -167,27 +167,50 @@ impl Judge {
         let read = self
             .check_generation(name, &file, &meta, now, stats)
             .and_then(|gen| {
-                let start = self.snapshot.inboxes[name].judged_to;
-                let until = budget
-                    .map(|b| start.saturating_add(b))
-                    .filter(|&u| u < size);
-                let mut end = self.read_lines(
-                    name,
-                    gen,
-                    &file,
-                    until.or(Some(size)),
-                    until.is_some(),
-                    now,
-                    held,
-                    stats,
-                )?;
-                stopped = until.is_some();
-                if stopped && end <= start {
-                    // One line (or run of blank lines) longer than the budget: read on to
-                    // the end.
-                    end = self.read_lines(name, gen, &file, Some(size), false, now, held, stats)?;
-                    stopped = false;
-                }
+                let Some(budget) = budget else {
+                    let end = self.read_lines(
+                        name,
+                        gen,
+                        &file,
+                        None,
+                        Some(size),
+                        false,
+                        now,
+                        held,
+                        stats,
+                    )?;
+                    return Ok((gen, end));
+                };
+                // A round goes on from where this inbox's last round stopped, not from where
+                // judging stopped: a held line keeps `judged_to` behind it.
+                let judged_to = self.snapshot.inboxes[name].judged_to;
+                let start = held
+                    .read_to
+                    .get(name)
+                    .filter(|(read_gen, _)| *read_gen == gen)
+                    .map_or(judged_to, |&(_, at)| at.max(judged_to));
+                let mut room = budget;
+                let end = loop {
+                    let until = start.saturating_add(room);
+                    stopped = until < size;
+                    let end = self.read_lines(
+                        name,
+                        gen,
+                        &file,
+                        Some(start),
+                        Some(if stopped { until } else { size }),
+                        stopped,
+                        now,
+                        held,
+                        stats,
+                    )?;
+                    if !stopped || end > start {
+                        break end;
+                    }
+                    // One line (or run of blank lines) longer than the room: a larger one.
+                    room = room.saturating_mul(2);
+                };
+                held.read_to.insert(name.to_owned(), (gen, end));
                 Ok((gen, end))
             });
         let (gen, end) = match read {
@@ -239,8 +262,9 @@ impl Judge {
         );
     }
 
-    /// Judge the complete lines of `file` from where judging stopped in generation `gen`,
-    /// up to `size` when its size was just seen. Returns where the last complete line ends,
+    /// Judge the complete lines of `file` from where judging stopped in generation `gen` (or
+    /// from `from`, when that is further: a later round of one sweep), up to `size` when its
+    /// size was just seen. Returns where the last complete line ends,
     /// or, with `round`, where a run of blank lines that reaches `size` starts: a round that
     /// stops inside the run leaves it to be judged whole, as one fragment.
     #[allow(clippy::too_many_arguments)]
@@ -249,13 +273,15 @@ impl Judge {
         name: &str,
         gen: u32,
         file: &File,
+        from: Option<u64>,
         size: Option<u64>,
         round: bool,
         now: DateTime<Utc>,
         held: &mut HeldLines,
         stats: &mut CatchUp,
     ) -> Result<u64> {
-        let start = self.snapshot.inboxes[name].judged_to;
+        let judged_to = self.snapshot.inboxes[name].judged_to;
+        let start = from.map_or(judged_to, |from| from.max(judged_to));
         let beyond = self.snapshot.inboxes[name].judged_beyond.clone();
         // Lines already held in this sweep are read again, not judged again.
         let holding: HashSet<u64> = held

@@ -40,6 +40,9 @@ pub(super) struct HeldLines {
     /// that a long run of them is a loop, not a recursion).
     pub(super) ready: std::collections::VecDeque<Place>,
     pub(super) releasing: bool,
+    /// Where each inbox's last round stopped reading (its generation, the offset): the next
+    /// round goes on from there, past lines that are held and keep `judged_to` behind them.
+    pub(super) read_to: HashMap<String, (u32, u64)>,
 }
 
 impl HeldLines {
