@@ -268,3 +268,23 @@ fn an_accepted_line_longer_than_max_line_bytes_is_shown() {
     // Read: the cursor moved past it.
     assert!(bridge.read_json("design", &["--config", config]).is_empty());
 }
+
+/// A blank line longer than the reader's limit, inside a run of blank lines refused as one,
+/// is no message: the reader skips it and shows what follows.
+#[test]
+fn a_long_blank_line_inside_a_refused_run_is_not_shown() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let config = bridge.tmp.path().join("small.toml");
+    std::fs::write(&config, "max_line_bytes = 300\n").unwrap();
+    let config = config.to_str().unwrap();
+    let after = line("01AFTERBLANKS", "design", "web", "note", "");
+    bridge.append_raw(
+        "web",
+        format!("\n{}\n{after}\n", " ".repeat(400)).as_bytes(),
+    );
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    assert_eq!(
+        ids(&bridge.read_json("web", &["--config", config])),
+        ["01AFTERBLANKS"]
+    );
+}

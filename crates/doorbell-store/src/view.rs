@@ -684,6 +684,10 @@ impl InboxView {
             Line::TooLong { offset, len } if self.is_accepted(offset) => {
                 let mut bytes = vec![0; len as usize];
                 file.read_exact_at(&mut bytes, offset)?;
+                // A long blank line inside a refused run of them is no message either.
+                if crate::judge::is_blank(&bytes) {
+                    return Ok(());
+                }
                 each(offset, &bytes)
             }
             _ => Ok(()),
