@@ -1177,10 +1177,13 @@ impl IndexWriter {
         }
         run_cached(&self.conn, LARGE_CACHE).map_err(sql(&self.path))?;
         let saved = self.write(changes);
-        let shrunk = run_cached(&self.conn, SMALL_CACHE)
-            .and_then(|()| run_cached(&self.conn, "PRAGMA shrink_memory"));
-        saved?;
-        shrunk.map_err(sql(&self.path))
+        // The save stands whatever happens here: memory not given back is no failed save.
+        if let Err(error) = run_cached(&self.conn, SMALL_CACHE)
+            .and_then(|()| run_cached(&self.conn, "PRAGMA shrink_memory"))
+        {
+            tracing::warn!(path = %self.path.display(), %error, "could not shrink the index's page cache after a large save");
+        }
+        saved
     }
 
     #[allow(clippy::too_many_lines)] // one statement per table, in one transaction
