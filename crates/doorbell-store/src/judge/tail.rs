@@ -137,7 +137,8 @@ impl Judge {
     }
 
     /// Read one inbox from where judging stopped to its end, or about `budget` bytes of it
-    /// (at least one line). Returns whether the budget stopped it before the end.
+    /// (at least one line) from where its last round in this sweep stopped reading. Returns
+    /// whether the budget stopped it before the end.
     pub(super) fn sweep_one(
         &mut self,
         name: &str,
@@ -282,7 +283,17 @@ impl Judge {
     ) -> Result<u64> {
         let judged_to = self.snapshot.inboxes[name].judged_to;
         let start = from.map_or(judged_to, |from| from.max(judged_to));
-        let beyond = self.snapshot.inboxes[name].judged_beyond.clone();
+        // The verdicts journaled past where judging stopped that this read can meet: those
+        // from `start` on, and the one before it (a blank run `start` may lie inside). A
+        // later round starts past a held line, and all the inbox's verdicts since lie behind.
+        let known = &self.snapshot.inboxes[name].judged_beyond;
+        let beyond: std::collections::BTreeMap<u64, u64> = known
+            .range(..start)
+            .next_back()
+            .into_iter()
+            .chain(known.range(start..))
+            .map(|(&offset, &span)| (offset, span))
+            .collect();
         // Lines already held in this sweep are read again, not judged again.
         let holding: HashSet<u64> = held
             .by_request
