@@ -699,3 +699,51 @@ fn a_damaged_journal_after_a_sealed_segment_is_cut_once_and_rebuilt() {
         .count();
     assert_eq!(kept, 1, "{}", once.stderr);
 }
+
+/// A line of a replaced inbox's old file that waits for its request while the new file
+/// begins the next generation is judged at the end of the sweep, and its verdict counts:
+/// it used to be journaled and then ignored as a stray of an older generation, so its
+/// sender was never told (and an accepted one never reached the ledger).
+#[test]
+fn a_held_line_of_a_replaced_inbox_is_judged_and_its_sender_told() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let patience = std::time::Duration::from_secs(20);
+    let daemon = crate::util::Daemon::start(&bridge, &[]);
+    bridge.send("design", "web", "in the old file");
+    bridge.wait_for(patience, "the first line judged", |b| b.verdict_count() == 1);
+    daemon.signal("STOP");
+    let held = line(
+        "01HELDINTHEOLDFILE",
+        "design",
+        "web",
+        "response",
+        r#","correlatesTo":"01NOSUCHREQUEST","state":"completed""#,
+    );
+    bridge.append_raw("web", format!("{held}\n").as_bytes());
+    let fresh = bridge.dir().join(".web-inbox.jsonl.new");
+    let note = line("01INTHENEWFILE", "design", "web", "note", "");
+    std::fs::write(&fresh, format!("{note}\n")).unwrap();
+    std::fs::rename(&fresh, bridge.inbox("web")).unwrap();
+    daemon.signal("CONT");
+    bridge.wait_for(patience, "design told of its refused line", |b| {
+        b.lines("design")
+            .iter()
+            .any(|l| String::from_utf8_lossy(l).contains("01HELDINTHEOLDFILE"))
+    });
+    let refused: Vec<_> = bridge
+        .journal()
+        .into_iter()
+        .filter(|r| r["v"] == "r")
+        .map(|r| (r["id"].clone(), r["reason"].clone()))
+        .collect();
+    assert_eq!(
+        refused,
+        [("01HELDINTHEOLDFILE".into(), "unknown-request".into())],
+        "{refused:?}"
+    );
+    assert!(bridge
+        .read_json("web", &[])
+        .iter()
+        .any(|m| m["envelope"]["id"] == "01INTHENEWFILE"));
+    daemon.kill();
+}

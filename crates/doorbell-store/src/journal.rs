@@ -287,6 +287,11 @@ impl InboxJournal {
                 false
             }
             Word::Intent => false,
+            // A line of an earlier generation judged after the new one began (it was held
+            // for its request, or waited for its turn, while the inbox was replaced): its
+            // verdict stands (ledger, notices, index), where this generation stands does not
+            // move.
+            _ if record.gen < self.gen => true,
             // Verdicts always follow their generation's mark; a stray one is ignored.
             _ if record.gen != self.gen => false,
             verdict => {
