@@ -710,7 +710,9 @@ fn a_held_line_of_a_replaced_inbox_is_judged_and_its_sender_told() {
     let patience = std::time::Duration::from_secs(20);
     let daemon = crate::util::Daemon::start(&bridge, &[]);
     bridge.send("design", "web", "in the old file");
-    bridge.wait_for(patience, "the first line judged", |b| b.verdict_count() == 1);
+    bridge.wait_for(patience, "the first line judged", |b| {
+        b.verdict_count() == 1
+    });
     daemon.signal("STOP");
     let held = line(
         "01HELDINTHEOLDFILE",
