@@ -73,7 +73,7 @@ pub struct Saver {
     to_save: Sender<PendingCheckpoint>,
     /// Each save's result, with the checkpoint it saved: its rows are freed on the judge's
     /// thread, which allocated them. Freed on this thread they contended with the judge's
-    /// own allocations for the allocator's lock (a fifth of a catch-up's time went there).
+    /// own allocations for the allocator's lock (about a sixth of the judge's time in a catch-up).
     saved: Receiver<(Result<u64>, PendingCheckpoint)>,
     in_flight: bool,
 }
