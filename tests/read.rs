@@ -221,8 +221,14 @@ fn a_cursor_temp_file_left_by_a_killed_reader_is_removed_by_the_next() {
         .join(format!(".web-inbox.cursor.tmp.{}", std::process::id()));
     std::fs::write(&dead, "partial").unwrap();
     std::fs::write(&alive, "in flight").unwrap();
+    // Where a reader makes its temp files now: `.doorbell/reads/`.
+    let reads = bridge.dir().join(".doorbell/reads");
+    std::fs::create_dir_all(&reads).unwrap();
+    let dead_in_reads = reads.join(".web-inbox.cursor.tmp.4194305");
+    std::fs::write(&dead_in_reads, "partial").unwrap();
     assert_eq!(bridge.read_json("web", &[]).len(), 1);
     assert!(!dead.exists(), "the dead reader's temp file is gone");
+    assert!(!dead_in_reads.exists(), "and the one in .doorbell/reads/");
     assert!(alive.exists(), "a live one is kept");
     // What a reader writes on its way is hidden: nothing else appeared beside the inboxes.
     let visible: Vec<String> = std::fs::read_dir(bridge.dir())

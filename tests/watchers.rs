@@ -190,3 +190,84 @@ fn an_inbox_rewritten_in_place_with_only_its_head_changed_is_a_new_generation() 
     assert!(ids.iter().any(|id| id.starts_with("01HCCCC")), "{ids:?}");
     daemon.kill();
 }
+
+/// A `watch` checks its cursor with one look at the path while the file there is the one it
+/// last wrote; another reader's move (a new file) is still seen, so nothing is shown twice.
+#[test]
+fn a_watch_sees_a_cursor_moved_by_another_reader_while_it_waited() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let daemon = Daemon::start(&bridge, &[]);
+    let watch = Watch::start(&bridge, "web");
+    bridge.append_raw("web", note("01MOVEDONE").as_bytes());
+    assert_eq!(watch.next(PATIENCE), "01MOVEDONE");
+    // The watch is stopped while another reader reads the next message and moves the cursor.
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{name}"), &watch.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    signal("STOP");
+    bridge.append_raw("web", note("01MOVEDTWO").as_bytes());
+    bridge.wait_for(PATIENCE, "two judged", |b| b.verdict_count() == 2);
+    let read: Vec<String> = bridge
+        .read_json("web", &[])
+        .iter()
+        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(read, ["01MOVEDTWO"]);
+    signal("CONT");
+    bridge.append_raw("web", note("01MOVEDTHREE").as_bytes());
+    assert_eq!(
+        watch.next(PATIENCE),
+        "01MOVEDTHREE",
+        "the message the other reader showed is not shown again"
+    );
+    daemon.kill();
+}
+
+/// Moving a cursor makes one event beside the inboxes, its rename: the temp file is written
+/// in `.doorbell/reads/`, which the judge does not watch, so a `watch` printing a message
+/// does not wake the judge three more times.
+#[test]
+fn a_cursor_move_makes_no_event_beside_the_inboxes_but_its_rename() {
+    use notify::Watcher;
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let daemon = Daemon::start(&bridge, &[]);
+    let watch = Watch::start(&bridge, "web");
+    let (tx, events) = std::sync::mpsc::channel();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let _ = tx.send(event);
+    })
+    .unwrap();
+    watcher
+        .watch(&bridge.dir(), notify::RecursiveMode::NonRecursive)
+        .unwrap();
+    bridge.append_raw("web", note("01EVENTS").as_bytes());
+    assert_eq!(watch.next(PATIENCE), "01EVENTS");
+    // Every event up to the cursor's rename, in the order inotify gave them.
+    let cursor = bridge.dir().join("web-inbox.cursor");
+    let mut names = Vec::new();
+    loop {
+        let event = events.recv_timeout(PATIENCE).expect("the cursor was moved");
+        let event = event.unwrap();
+        names.extend(
+            event
+                .paths
+                .iter()
+                .filter_map(|p| p.file_name())
+                .map(|n| n.to_string_lossy().into_owned()),
+        );
+        let renamed = matches!(
+            event.kind,
+            notify::EventKind::Modify(notify::event::ModifyKind::Name(_))
+        );
+        if renamed && event.paths.contains(&cursor) {
+            break;
+        }
+    }
+    let temps: Vec<&String> = names.iter().filter(|n| n.contains(".tmp.")).collect();
+    assert!(temps.is_empty(), "temp files beside the inboxes: {temps:?}");
+    daemon.kill();
+}

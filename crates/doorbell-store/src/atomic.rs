@@ -12,10 +12,15 @@ use crate::{Error, Result};
 /// The temp file that becomes `path`: hidden, beside it, named after it and this process
 /// (`.web-inbox.cursor.tmp.4242`), so one left by a killed process is recognised as such.
 fn temp_path(path: &Path) -> std::path::PathBuf {
+    temp_path_in(path.parent().unwrap_or(Path::new(".")), path)
+}
+
+/// [`temp_path`], in `dir` instead of beside `path`.
+fn temp_path_in(dir: &Path, path: &Path) -> std::path::PathBuf {
     let name = path
         .file_name()
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-    path.with_file_name(format!(".{name}.tmp.{}", std::process::id()))
+    dir.join(format!(".{name}.tmp.{}", std::process::id()))
 }
 
 /// Remove from `dir` the temp files (`.NAME.tmp.PID`) that processes no longer running left
@@ -52,7 +57,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// go back but never forward (a reader's cursor: messages shown again, never skipped), where
 /// an fsync on every update would hold up the reader.
 pub fn write_atomic_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = temp_path(path);
+    write_atomic_unsynced_via(path, path.parent().unwrap_or(Path::new(".")), bytes).map(drop)
+}
+
+/// [`write_atomic_unsynced`], with the temp file made in `tmp_dir` (a folder of the same
+/// file system that nobody watches, so that the write makes no events beside `path` but the
+/// rename), and the file written handed back, still open.
+pub fn write_atomic_unsynced_via(path: &Path, tmp_dir: &Path, bytes: &[u8]) -> Result<File> {
+    let tmp = temp_path_in(tmp_dir, path);
     let replaced = replace_via(path, &tmp, None, false, |out| out.write_all(bytes));
     if replaced.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -73,7 +85,7 @@ pub fn replace_with(
         // Nothing refers to the temp file: leave no litter (and give back the space).
         let _ = fs::remove_file(&tmp);
     }
-    replaced
+    replaced.map(drop)
 }
 
 fn replace_via(
@@ -82,7 +94,7 @@ fn replace_via(
     previous: Option<&Path>,
     durable: bool,
     write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
-) -> Result<()> {
+) -> Result<File> {
     let dir = path.parent().unwrap_or(Path::new("."));
     fault::check(tmp).map_err(Error::io("write", tmp))?;
     let file = OpenOptions::new()
@@ -97,7 +109,9 @@ fn replace_via(
         file,
         path: tmp.to_path_buf(),
     };
-    let mut out = BufWriter::with_capacity(1 << 20, file);
+    // A small state file (a cursor) is written as it comes; a large one (a board, a report)
+    // in large writes.
+    let mut out = BufWriter::with_capacity(if durable { 1 << 20 } else { 0 }, file);
     write(&mut out).map_err(Error::io("write", tmp))?;
     let file = out
         .into_inner()
@@ -106,16 +120,17 @@ fn replace_via(
         fault::check(tmp).map_err(Error::io("sync", tmp))?;
         file.file.sync_all().map_err(Error::io("sync", tmp))?;
     }
-    drop(file);
+    let file = file.file;
     fault::check(path).map_err(Error::io("rename", path))?;
     if let Some(previous) = previous.filter(|_| path.exists()) {
         fs::rename(path, previous).map_err(Error::io("keep previous copy of", path))?;
     }
     fs::rename(tmp, path).map_err(Error::io("rename", path))?;
     if !durable {
-        return Ok(());
+        return Ok(file);
     }
     File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(Error::io("sync folder", dir))
+        .map_err(Error::io("sync folder", dir))?;
+    Ok(file)
 }

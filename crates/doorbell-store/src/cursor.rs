@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 use crate::hash::Marker;
 use crate::{Bridge, Error, Result};
 
+/// The folder in `.doorbell/` of the agents' read logs.
+pub const READS_DIR: &str = "reads";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct CursorFile {
     version: u32,
@@ -46,21 +49,57 @@ impl Position {
 }
 
 fn read_cursor(path: &Path) -> Result<Option<CursorFile>> {
-    Ok(cursor_text(path)?.and_then(|text| parse_cursor(path, &text)))
+    Ok(read_held(path)?.and_then(|held| held.cursor))
 }
 
-/// The cursor file's text; `None` when there is none (or it is a symlink, never followed).
-fn cursor_text(path: &Path) -> Result<Option<String>> {
-    let mut text = String::new();
-    match OpenOptions::new()
+/// A cursor file as a reader last read or wrote it, kept open. While it is open no other
+/// file can have its inode number, so the same number, size and modification time at the
+/// cursor's path mean that nobody replaced or rewrote it since.
+#[derive(Debug)]
+struct Held {
+    file: File,
+    stamp: Stamp,
+    /// What it says (`None`: empty or unreadable, read from the start).
+    cursor: Option<CursorFile>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(meta: &fs::Metadata) -> Stamp {
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+        }
+    }
+}
+
+/// The stamp of what is at the cursor's path now (`None`: nothing).
+fn stamp_at(path: &Path) -> Result<Option<Stamp>> {
+    match fs::symlink_metadata(path) {
+        Ok(meta) => Ok(Some(Stamp::of(&meta))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io("stat cursor", path)(e)),
+    }
+}
+
+/// The cursor file, read and kept open; `None` when there is none (or it is a symlink, never
+/// followed).
+fn read_held(path: &Path) -> Result<Option<Held>> {
+    let mut file = match OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
     {
-        Ok(mut file) => {
-            file.read_to_string(&mut text)
-                .map_err(Error::io("read cursor", path))?;
-        }
+        Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
             // A symlink is never followed: no cursor (messages shown again, never skipped);
@@ -69,8 +108,17 @@ fn cursor_text(path: &Path) -> Result<Option<String>> {
             return Ok(None);
         }
         Err(e) => return Err(Error::io("open cursor", path)(e)),
-    }
-    Ok(Some(text))
+    };
+    // Stamped before it is read: a change after the stamp is seen at the next look.
+    let meta = file.metadata().map_err(Error::io("stat cursor", path))?;
+    let mut text = String::new();
+    file.read_to_string(&mut text)
+        .map_err(Error::io("read cursor", path))?;
+    Ok(Some(Held {
+        file,
+        stamp: Stamp::of(&meta),
+        cursor: parse_cursor(path, &text),
+    }))
 }
 
 fn parse_cursor(path: &Path, text: &str) -> Option<CursorFile> {
@@ -118,7 +166,7 @@ pub fn load(bridge: &Bridge, agent: &str, inbox: &File) -> Result<Position> {
 
 /// Open the cursor file and lock it, making sure the locked file is still the one at `path`
 /// (a concurrent writer may have renamed a new one over it).
-fn lock_cursor(path: &Path) -> Result<File> {
+fn lock_cursor(path: &Path) -> Result<(File, fs::Metadata)> {
     loop {
         let opened = OpenOptions::new()
             .read(true)
@@ -139,7 +187,9 @@ fn lock_cursor(path: &Path) -> Result<File> {
         file.lock().map_err(Error::io("lock cursor", path))?;
         let locked = file.metadata().map_err(Error::io("stat cursor", path))?;
         match fs::symlink_metadata(path) {
-            Ok(now) if now.ino() == locked.ino() && now.dev() == locked.dev() => return Ok(file),
+            Ok(now) if now.ino() == locked.ino() && now.dev() == locked.dev() => {
+                return Ok((file, locked))
+            }
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("stat cursor", path)(e)),
@@ -151,20 +201,61 @@ fn lock_cursor(path: &Path) -> Result<File> {
 /// the agent's read log that what lies between was read through `via` (`read`, `watch`,
 /// `hook claude`, `mcp`). A cursor that is already further on the same file stays where it is.
 pub fn advance(bridge: &Bridge, agent: &str, inbox: &File, offset: u64, via: &str) -> Result<()> {
-    advance_stamped(bridge, agent, inbox, offset, via).map(|_| ())
+    move_cursor(bridge, agent, inbox, offset, via, None, &mut None).map(drop)
 }
 
-/// [`advance`], and the text of the cursor file it wrote (`None`: it wrote none).
-fn advance_stamped(
+/// A cursor file locked for a move: the one a reader holds open, or one opened to lock it.
+enum CursorLock<'a> {
+    Held(&'a File),
+    Opened { _file: File },
+}
+
+impl Drop for CursorLock<'_> {
+    fn drop(&mut self) {
+        match self {
+            // Still open afterwards: let go of the lock itself.
+            CursorLock::Held(file) => {
+                let _ = file.unlock();
+            }
+            // Closing it lets go.
+            CursorLock::Opened { .. } => {}
+        }
+    }
+}
+
+/// Lock `held`, the cursor file a reader kept open, when it is still the one at `path`.
+fn lock_held<'a>(path: &Path, held: &'a Held) -> Result<Option<CursorLock<'a>>> {
+    held.file.lock().map_err(Error::io("lock cursor", path))?;
+    let lock = CursorLock::Held(&held.file);
+    Ok((stamp_at(path)? == Some(held.stamp)).then_some(lock))
+}
+
+/// [`advance`], for a reader that may know the cursor file already (`known`: the file it
+/// holds and the position it gave) and may keep its read log open in `log`. Returns the
+/// cursor file written, kept open (`None`: none was written).
+fn move_cursor(
     bridge: &Bridge,
     agent: &str,
     inbox: &File,
     offset: u64,
     via: &str,
-) -> Result<Option<String>> {
+    known: Option<(&Held, Position)>,
+    log: &mut Option<File>,
+) -> Result<Option<Held>> {
     let path = bridge.cursor_path(agent)?;
-    let _guard = lock_cursor(&path)?;
-    let current = validate(read_cursor(&path)?, inbox)?;
+    // The file this reader holds, when nobody replaced it: its position is known. Otherwise
+    // the file at the path, locked, then read and checked against the inbox.
+    let mut locked = None;
+    if let Some((held, position)) = known {
+        locked = lock_held(&path, held)?.map(|lock| (lock, position));
+    }
+    let (_lock, current) = if let Some(known) = locked {
+        known
+    } else {
+        let (file, _) = lock_cursor(&path)?;
+        let current = validate(read_cursor(&path)?, inbox)?;
+        (CursorLock::Opened { _file: file }, current)
+    };
     if let Position::At(at) = current {
         if at >= offset {
             return Ok(None);
@@ -182,10 +273,7 @@ fn advance_stamped(
         offset,
         marker,
     };
-    let text = serde_json::to_string(&record).expect("a cursor always serialises");
-    // Not synced: after a power loss a cursor may go back (messages shown again), never
-    // forward; an fsync per message held up `watch` behind the disk.
-    crate::atomic::write_atomic_unsynced(&path, text.as_bytes())?;
+    let written = write_cursor(bridge, &path, record)?;
     let read = ReadRecord {
         dev: meta.dev(),
         ino: meta.ino(),
@@ -196,10 +284,27 @@ fn advance_stamped(
     };
     // The log says how; the cursor alone says whether. A log that cannot be written loses
     // only the "how".
-    if let Err(error) = append_read(bridge, agent, &read) {
+    if let Err(error) = append_read(bridge, agent, &read, log) {
         tracing::warn!(%error, agent, "could not note the read in the read log");
     }
-    Ok(Some(text))
+    Ok(Some(written))
+}
+
+/// Replace the cursor file with `record`, and keep the new file open.
+fn write_cursor(bridge: &Bridge, path: &Path, record: CursorFile) -> Result<Held> {
+    let text = serde_json::to_string(&record).expect("a cursor always serialises");
+    // Not synced: after a power loss a cursor may go back (messages shown again), never
+    // forward; an fsync per message held up `watch` behind the disk. The temp file is made
+    // in `.doorbell/reads/`, which the judge does not watch: beside the inboxes its creation,
+    // write and close would wake the judge three times for nothing.
+    let file =
+        crate::atomic::write_atomic_unsynced_via(path, &reads_dir(bridge)?, text.as_bytes())?;
+    let meta = file.metadata().map_err(Error::io("stat cursor", path))?;
+    Ok(Held {
+        file,
+        stamp: Stamp::of(&meta),
+        cursor: Some(record),
+    })
 }
 
 /// A reader that stays (`watch`): its reader lock stays open between readings, and its
@@ -211,9 +316,25 @@ pub struct Keeper {
     lock: std::rc::Rc<File>,
     cursor: std::path::PathBuf,
     agent: String,
-    /// The cursor's text as last read or written here, the inbox file (device, inode) and
-    /// generation it was checked against, and the position that gave.
-    known: Option<(String, (u64, u64), u32, Position)>,
+    known: Option<Known>,
+    /// The agent's read log, open once.
+    log: Option<File>,
+}
+
+/// The cursor file as a [`Keeper`] last read or wrote it, the inbox file (device, inode)
+/// and generation it was checked against, and the position that gave.
+#[derive(Debug)]
+struct Known {
+    held: Held,
+    inbox: (u64, u64),
+    gen: u32,
+    position: Position,
+}
+
+impl Known {
+    fn of(&self, inbox: (u64, u64), gen: u32) -> Option<(&Held, Position)> {
+        (self.inbox == inbox && self.gen == gen).then_some((&self.held, self.position))
+    }
 }
 
 /// A reading held by a [`Keeper`]: let go when dropped.
@@ -235,6 +356,7 @@ impl Keeper {
             cursor: bridge.cursor_path(agent)?,
             agent: agent.to_owned(),
             known: None,
+            log: None,
         })
     }
 
@@ -249,24 +371,27 @@ impl Keeper {
     }
 
     /// Where the agent resumes reading `inbox` (whose device and inode are `identity`, in
-    /// the judge's generation `gen`), as [`load`] says.
+    /// the judge's generation `gen`), as [`load`] says. One look at the cursor's path when
+    /// it is still the file this reader last read or wrote.
     pub fn load(&mut self, inbox: &File, identity: (u64, u64), gen: u32) -> Result<Position> {
-        let text = cursor_text(&self.cursor)?;
-        if let (Some(text), Some((known, of, known_gen, position))) = (&text, &self.known) {
-            if text == known && *of == identity && *known_gen == gen {
-                return Ok(*position);
+        if let Some((held, position)) = self.known.as_ref().and_then(|k| k.of(identity, gen)) {
+            if stamp_at(&self.cursor)? == Some(held.stamp) {
+                return Ok(position);
             }
         }
-        let position = validate(
-            text.as_deref()
-                .and_then(|text| parse_cursor(&self.cursor, text)),
-            inbox,
-        )?;
-        self.known = text.map(|text| (text, identity, gen, position));
+        let held = read_held(&self.cursor)?;
+        let position = validate(held.as_ref().and_then(|held| held.cursor), inbox)?;
+        self.known = held.map(|held| Known {
+            held,
+            inbox: identity,
+            gen,
+            position,
+        });
         Ok(position)
     }
 
-    /// Move the cursor, as [`advance`] does.
+    /// Move the cursor, as [`advance`] does; the cursor file is read again only when
+    /// another reader replaced it.
     pub fn advance(
         &mut self,
         bridge: &Bridge,
@@ -275,9 +400,24 @@ impl Keeper {
         offset: u64,
         via: &str,
     ) -> Result<()> {
-        let agent = self.agent.clone();
-        self.known = advance_stamped(bridge, &agent, inbox, offset, via)?
-            .map(|text| (text, identity, gen, Position::At(offset)));
+        let known = self.known.as_ref().and_then(|k| k.of(identity, gen));
+        let written = move_cursor(
+            bridge,
+            &self.agent,
+            inbox,
+            offset,
+            via,
+            known,
+            &mut self.log,
+        )?;
+        if let Some(held) = written {
+            self.known = Some(Known {
+                held,
+                inbox: identity,
+                gen,
+                position: Position::At(offset),
+            });
+        }
         Ok(())
     }
 }
@@ -341,30 +481,47 @@ pub struct ReadRecord {
     pub at: String,
 }
 
-fn read_log_path(bridge: &Bridge, agent: &str) -> Result<std::path::PathBuf> {
-    let dir = bridge.state_dir()?.join("reads");
+/// `.doorbell/reads/`: the read logs, and the temp files of cursors being replaced.
+fn reads_dir(bridge: &Bridge) -> Result<std::path::PathBuf> {
+    let dir = bridge.state_dir()?.join(READS_DIR);
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(&dir)
         .map_err(Error::io("create folder", &dir))?;
+    Ok(dir)
+}
+
+fn read_log_path(bridge: &Bridge, agent: &str) -> Result<std::path::PathBuf> {
+    let dir = reads_dir(bridge)?;
     bridge.cursor_path(agent)?; // a valid name
     Ok(dir.join(format!("{agent}.jsonl")))
 }
 
-fn append_read(bridge: &Bridge, agent: &str, record: &ReadRecord) -> Result<()> {
-    let path = read_log_path(bridge, agent)?;
+/// Append `record` to the agent's read log, opening it into `log` when it is not open yet.
+fn append_read(
+    bridge: &Bridge,
+    agent: &str,
+    record: &ReadRecord,
+    log: &mut Option<File>,
+) -> Result<()> {
     let mut line = serde_json::to_vec(record).expect("a read record always serialises");
     line.push(b'\n');
+    let file = if let Some(file) = log {
+        file
+    } else {
+        let path = read_log_path(bridge, agent)?;
+        let file = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(Error::io("open read log", &path))?;
+        log.insert(file)
+    };
     // Under the cursor's lock: one writer at a time, one write per record.
-    let mut file = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(Error::io("open read log", &path))?;
-    std::io::Write::write_all(&mut file, &line).map_err(Error::io("write read log", &path))
+    std::io::Write::write_all(file, &line).map_err(Error::io("write read log", "(read log)"))
 }
 
 /// How the message at `offset` of the inbox file `(dev, ino)` was read, from the newest end

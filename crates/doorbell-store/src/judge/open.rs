@@ -304,6 +304,9 @@ impl Judge {
         // What a killed process left half-written (a reader's cursor, a board) goes, once
         // per judge rather than on every read.
         crate::atomic::remove_stale_temps(bridge.dir());
+        if let Ok(state) = bridge.state_dir() {
+            crate::atomic::remove_stale_temps(&state.join(crate::cursor::READS_DIR));
+        }
         let journal_path = journal_path(&bridge);
         let Loaded {
             snapshot,
