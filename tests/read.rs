@@ -294,3 +294,58 @@ fn a_long_blank_line_inside_a_refused_run_is_not_shown() {
         ["01AFTERBLANKS"]
     );
 }
+
+/// `.doorbell/reads/` (the reader locks, the read logs) made a symlink is never written
+/// through: a reader stops with an error that names it, shows nothing and moves nothing, and
+/// once it is a folder again the message is there.
+#[test]
+fn a_symlinked_reads_folder_is_never_written_through() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    bridge.send("design", "web", "one");
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let elsewhere = bridge.tmp.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let reads = bridge.dir().join(".doorbell/reads");
+    let _ = std::fs::remove_dir_all(&reads);
+    std::os::unix::fs::symlink(&elsewhere, &reads).unwrap();
+    let run = bridge.doorbell(&["read", "web", "--json"]);
+    assert_eq!(run.code, 2, "refused: {run:?}");
+    assert!(run.stdout.is_empty(), "{run:?}");
+    assert!(
+        run.stderr
+            .contains(".doorbell/reads is not a regular file or folder"),
+        "{}",
+        run.stderr
+    );
+    let written: Vec<_> = std::fs::read_dir(&elsewhere).unwrap().collect();
+    assert!(written.is_empty(), "{written:?}");
+    std::fs::remove_file(&reads).unwrap();
+    assert_eq!(bridge.read_json("web", &[]).len(), 1, "the message, kept");
+}
+
+/// `.doorbell/` on another mount (a volume, a bind mount) cannot take a rename across it: the
+/// cursor's temp file is made beside it instead, and the cursor moves. Played with a tmpfs
+/// over `.doorbell/reads/` in a mount namespace of the reader's own.
+#[test]
+fn a_cursor_moves_when_its_state_folder_is_another_mount() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    bridge.send("design", "web", "one");
+    bridge.send("design", "web", "two");
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let reads = bridge.dir().join(".doorbell/reads");
+    std::fs::create_dir_all(&reads).unwrap();
+    let mut command = std::process::Command::new("unshare");
+    command.args(["--map-root-user", "--mount", "sh", "-c"]);
+    command.arg(r#"mount -t tmpfs tmpfs "$1" && shift && exec "$@" read web --json"#);
+    command
+        .arg("sh")
+        .arg(&reads)
+        .arg(env!("CARGO_BIN_EXE_doorbell"));
+    bridge.env(&mut command);
+    let run = crate::util::run(command, None);
+    assert_eq!(run.ok().lines().count(), 2, "{}", run.stderr);
+    assert!(
+        bridge.read_json("web", &[]).is_empty(),
+        "the cursor moved past both"
+    );
+}

@@ -200,6 +200,13 @@ fn a_watch_sees_a_cursor_moved_by_another_reader_while_it_waited() {
     let watch = Watch::start(&bridge, "web");
     bridge.append_raw("web", note("01MOVEDONE").as_bytes());
     assert_eq!(watch.next(PATIENCE), "01MOVEDONE");
+    // The watch moves its cursor after it prints: stopped before that move is over, it would
+    // hold the reading that the other reader waits for.
+    crate::util::wait_for_text(
+        &bridge.dir().join(".doorbell/reads/web.jsonl"),
+        "\"via\":\"watch\"",
+        PATIENCE,
+    );
     // The watch is stopped while another reader reads the next message and moves the cursor.
     let signal = |name: &str| {
         let status = std::process::Command::new("kill")
@@ -228,14 +235,24 @@ fn a_watch_sees_a_cursor_moved_by_another_reader_while_it_waited() {
 }
 
 /// Moving a cursor makes one event beside the inboxes, its rename: the temp file is written
-/// in `.doorbell/reads/`, which the judge does not watch, so a `watch` printing a message
-/// does not wake the judge three more times.
+/// in `.doorbell/reads/`, which the judge does not watch, and the file a `watch` keeps open
+/// afterwards is open for reading, so closing it at the next move says nothing either. A
+/// `watch` printing a message does not wake the judge again for its cursor.
 #[test]
 fn a_cursor_move_makes_no_event_beside_the_inboxes_but_its_rename() {
     use notify::Watcher;
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
     let daemon = Daemon::start(&bridge, &[]);
     let watch = Watch::start(&bridge, "web");
+    // The first move makes the cursor file; the ones after replace it.
+    bridge.append_raw("web", note("01EVENTSONE").as_bytes());
+    assert_eq!(watch.next(PATIENCE), "01EVENTSONE");
+    // That move is over once the read log has its record.
+    crate::util::wait_for_text(
+        &bridge.dir().join(".doorbell/reads/web.jsonl"),
+        "\"via\":\"watch\"",
+        PATIENCE,
+    );
     let (tx, events) = std::sync::mpsc::channel();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let _ = tx.send(event);
@@ -244,30 +261,36 @@ fn a_cursor_move_makes_no_event_beside_the_inboxes_but_its_rename() {
     watcher
         .watch(&bridge.dir(), notify::RecursiveMode::NonRecursive)
         .unwrap();
-    bridge.append_raw("web", note("01EVENTS").as_bytes());
-    assert_eq!(watch.next(PATIENCE), "01EVENTS");
-    // Every event up to the cursor's rename, in the order inotify gave them.
+    // Three more moves: the file each move keeps open is closed by the next one.
+    for id in ["01EVENTSTWO", "01EVENTSTHREE", "01EVENTSFOUR"] {
+        bridge.append_raw("web", note(id).as_bytes());
+        assert_eq!(watch.next(PATIENCE), id);
+    }
+    // Every event up to the third rename of the cursor, in the order inotify gave them.
     let cursor = bridge.dir().join("web-inbox.cursor");
-    let mut names = Vec::new();
-    loop {
-        let event = events.recv_timeout(PATIENCE).expect("the cursor was moved");
-        let event = event.unwrap();
-        names.extend(
-            event
-                .paths
-                .iter()
-                .filter_map(|p| p.file_name())
-                .map(|n| n.to_string_lossy().into_owned()),
-        );
+    let mut about_cursor = Vec::new();
+    let mut moves = 0;
+    while moves < 3 {
+        let event = events
+            .recv_timeout(PATIENCE)
+            .expect("the cursor was moved")
+            .unwrap();
         let renamed = matches!(
             event.kind,
             notify::EventKind::Modify(notify::event::ModifyKind::Name(_))
         );
-        if renamed && event.paths.contains(&cursor) {
-            break;
+        for path in &event.paths {
+            let name = path.file_name().unwrap().to_string_lossy();
+            if renamed && *path == cursor {
+                moves += 1;
+            } else if *path == cursor || name.contains(".tmp.") {
+                about_cursor.push(format!("{:?} {name}", event.kind));
+            }
         }
     }
-    let temps: Vec<&String> = names.iter().filter(|n| n.contains(".tmp.")).collect();
-    assert!(temps.is_empty(), "temp files beside the inboxes: {temps:?}");
+    assert!(
+        about_cursor.is_empty(),
+        "events beside the inboxes besides the renames: {about_cursor:?}"
+    );
     daemon.kill();
 }

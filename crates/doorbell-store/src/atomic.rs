@@ -62,7 +62,8 @@ pub fn write_atomic_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
 
 /// [`write_atomic_unsynced`], with the temp file made in `tmp_dir` (a folder of the same
 /// file system that nobody watches, so that the write makes no events beside `path` but the
-/// rename), and the file written handed back, still open.
+/// rename), and the file written handed back, open for reading: closing it later makes no
+/// "closed after writing" event beside `path` either.
 pub fn write_atomic_unsynced_via(path: &Path, tmp_dir: &Path, bytes: &[u8]) -> Result<File> {
     let tmp = temp_path_in(tmp_dir, path);
     let replaced = replace_via(path, &tmp, None, false, |out| out.write_all(bytes));
@@ -120,7 +121,18 @@ fn replace_via(
         fault::check(tmp).map_err(Error::io("sync", tmp))?;
         file.file.sync_all().map_err(Error::io("sync", tmp))?;
     }
-    let file = file.file;
+    // Handed back open for reading only; the written one is closed here, before the rename.
+    let file = if durable {
+        file.file
+    } else {
+        let reading = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(tmp)
+            .map_err(Error::io("reopen", tmp))?;
+        drop(file);
+        reading
+    };
     fault::check(path).map_err(Error::io("rename", path))?;
     if let Some(previous) = previous.filter(|_| path.exists()) {
         fs::rename(path, previous).map_err(Error::io("keep previous copy of", path))?;

@@ -168,13 +168,12 @@ pub fn load(bridge: &Bridge, agent: &str, inbox: &File) -> Result<Position> {
 /// (a concurrent writer may have renamed a new one over it).
 fn lock_cursor(path: &Path) -> Result<(File, fs::Metadata)> {
     loop {
+        // Made when missing, yet opened for reading only: closing it then tells the judge's
+        // watcher nothing (std's `create` wants write access, so the flag is given as is).
         let opened = OpenOptions::new()
             .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
             .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .custom_flags(libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(path);
         let file = match opened {
             // A symlink where the cursor belongs: remove the link (never what it points to).
@@ -290,6 +289,9 @@ fn move_cursor(
     Ok(Some(written))
 }
 
+/// Set once a cursor's rename from `.doorbell/reads/` failed for crossing a mount.
+static BESIDE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Replace the cursor file with `record`, and keep the new file open.
 fn write_cursor(bridge: &Bridge, path: &Path, record: CursorFile) -> Result<Held> {
     let text = serde_json::to_string(&record).expect("a cursor always serialises");
@@ -297,8 +299,32 @@ fn write_cursor(bridge: &Bridge, path: &Path, record: CursorFile) -> Result<Held
     // forward; an fsync per message held up `watch` behind the disk. The temp file is made
     // in `.doorbell/reads/`, which the judge does not watch: beside the inboxes its creation,
     // write and close would wake the judge three times for nothing.
-    let file =
-        crate::atomic::write_atomic_unsynced_via(path, &reads_dir(bridge)?, text.as_bytes())?;
+    let beside = path.parent().unwrap_or(Path::new("."));
+    let reads = if BESIDE.load(std::sync::atomic::Ordering::Relaxed) {
+        None
+    } else {
+        // A `reads` that is no folder (a symlink) is never written through: the read log
+        // warns of it, and the cursor is written as before.
+        reads_dir(bridge).ok()
+    };
+    let written = match reads {
+        Some(reads) => {
+            match crate::atomic::write_atomic_unsynced_via(path, &reads, text.as_bytes()) {
+                // `.doorbell/` on another mount (a volume, a bind mount): a rename cannot
+                // cross it, so this process makes its temp files beside the cursor from now on.
+                Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EXDEV) => {
+                    BESIDE.store(true, std::sync::atomic::Ordering::Relaxed);
+                    None
+                }
+                other => Some(other?),
+            }
+        }
+        None => None,
+    };
+    let file = match written {
+        Some(file) => file,
+        None => crate::atomic::write_atomic_unsynced_via(path, beside, text.as_bytes())?,
+    };
     let meta = file.metadata().map_err(Error::io("stat cursor", path))?;
     Ok(Held {
         file,
@@ -482,14 +508,22 @@ pub struct ReadRecord {
 }
 
 /// `.doorbell/reads/`: the read logs, and the temp files of cursors being replaced.
+/// Never followed through a symlink, like the rest of `.doorbell/`.
 fn reads_dir(bridge: &Bridge) -> Result<std::path::PathBuf> {
     let dir = bridge.state_dir()?.join(READS_DIR);
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .map_err(Error::io("create folder", &dir))?;
-    Ok(dir)
+    match fs::symlink_metadata(&dir) {
+        Ok(meta) if meta.file_type().is_dir() => Ok(dir),
+        Ok(_) => Err(Error::NotRegularFile { path: dir }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                // Made meanwhile by another reader: looked at again.
+                Ok(()) | Err(_) if dir.symlink_metadata().is_ok_and(|m| m.is_dir()) => Ok(dir),
+                Ok(()) => Err(Error::NotRegularFile { path: dir }),
+                Err(e) => Err(Error::io("create folder", &dir)(e)),
+            }
+        }
+        Err(e) => Err(Error::io("stat", &dir)(e)),
+    }
 }
 
 fn read_log_path(bridge: &Bridge, agent: &str) -> Result<std::path::PathBuf> {
@@ -507,6 +541,14 @@ fn append_read(
 ) -> Result<()> {
     let mut line = serde_json::to_vec(record).expect("a read record always serialises");
     line.push(b'\n');
+    // A log deleted or replaced meanwhile (nobody else still names the file this reader
+    // holds) is opened again, so no record goes where no one can read it.
+    if log
+        .as_ref()
+        .is_some_and(|file| file.metadata().map_or(true, |meta| meta.nlink() == 0))
+    {
+        *log = None;
+    }
     let file = if let Some(file) = log {
         file
     } else {
