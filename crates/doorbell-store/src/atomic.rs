@@ -66,7 +66,9 @@ pub fn write_atomic_unsynced(path: &Path, bytes: &[u8]) -> Result<()> {
 /// "closed after writing" event beside `path` either.
 pub fn write_atomic_unsynced_via(path: &Path, tmp_dir: &Path, bytes: &[u8]) -> Result<File> {
     let tmp = temp_path_in(tmp_dir, path);
-    let replaced = replace_via(path, &tmp, None, false, |out| out.write_all(bytes));
+    let replaced = replace_via(path, &tmp, None, Some(bytes.len()), |out| {
+        out.write_all(bytes)
+    });
     if replaced.is_err() {
         let _ = fs::remove_file(&tmp);
     }
@@ -81,7 +83,7 @@ pub fn replace_with(
     write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> Result<()> {
     let tmp = temp_path(path);
-    let replaced = replace_via(path, &tmp, previous, true, write);
+    let replaced = replace_via(path, &tmp, previous, None, write);
     if replaced.is_err() {
         // Nothing refers to the temp file: leave no litter (and give back the space).
         let _ = fs::remove_file(&tmp);
@@ -89,13 +91,16 @@ pub fn replace_with(
     replaced.map(drop)
 }
 
+/// Write `tmp`, rename it to `path` (after renaming `path` to `previous`), and hand back the
+/// file. `unsynced`: not synced, its length known (`None`: synced, the file and the folder).
 fn replace_via(
     path: &Path,
     tmp: &Path,
     previous: Option<&Path>,
-    durable: bool,
+    unsynced: Option<usize>,
     write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> Result<File> {
+    let durable = unsynced.is_none();
     let dir = path.parent().unwrap_or(Path::new("."));
     fault::check(tmp).map_err(Error::io("write", tmp))?;
     let file = OpenOptions::new()
@@ -106,6 +111,16 @@ fn replace_via(
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(tmp)
         .map_err(Error::io("write", tmp))?;
+    if let Some(len) = unsynced {
+        // Its blocks reserved before the write, not at it: ext4 writes a file renamed over
+        // another to disk at once while its blocks are still to be allocated (so that a crash
+        // cannot leave it empty); a cursor moved after every message made a disk write for
+        // every message, and waited for it when the file it replaced was let go. This file
+        // needs no such care (it may go back after a power loss, never forward), and replaced
+        // before the next writeback it is never written at all. Where a file system cannot
+        // reserve, it is written as before.
+        let _ = rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, len as u64);
+    }
     let file = Guarded {
         file,
         path: tmp.to_path_buf(),
