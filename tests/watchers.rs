@@ -191,6 +191,15 @@ fn an_inbox_rewritten_in_place_with_only_its_head_changed_is_a_new_generation() 
     daemon.kill();
 }
 
+/// Wait until web's `watch` has moved its cursor once: a move ends with its read log record.
+fn wait_for_first_move(bridge: &Bridge) {
+    crate::util::wait_for_text(
+        &bridge.dir().join(".doorbell/reads/web.jsonl"),
+        "\"via\":\"watch\"",
+        PATIENCE,
+    );
+}
+
 /// A `watch` checks its cursor with one look at the path while the file there is the one it
 /// last wrote; another reader's move (a new file) is still seen, so nothing is shown twice.
 #[test]
@@ -202,11 +211,7 @@ fn a_watch_sees_a_cursor_moved_by_another_reader_while_it_waited() {
     assert_eq!(watch.next(PATIENCE), "01MOVEDONE");
     // The watch moves its cursor after it prints: stopped before that move is over, it would
     // hold the reading that the other reader waits for.
-    crate::util::wait_for_text(
-        &bridge.dir().join(".doorbell/reads/web.jsonl"),
-        "\"via\":\"watch\"",
-        PATIENCE,
-    );
+    wait_for_first_move(&bridge);
     // The watch is stopped while another reader reads the next message and moves the cursor.
     let signal = |name: &str| {
         let status = std::process::Command::new("kill")
@@ -247,12 +252,7 @@ fn a_cursor_move_makes_no_event_beside_the_inboxes_but_its_rename() {
     // The first move makes the cursor file; the ones after replace it.
     bridge.append_raw("web", note("01EVENTSONE").as_bytes());
     assert_eq!(watch.next(PATIENCE), "01EVENTSONE");
-    // That move is over once the read log has its record.
-    crate::util::wait_for_text(
-        &bridge.dir().join(".doorbell/reads/web.jsonl"),
-        "\"via\":\"watch\"",
-        PATIENCE,
-    );
+    wait_for_first_move(&bridge);
     let (tx, events) = std::sync::mpsc::channel();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let _ = tx.send(event);
