@@ -9,6 +9,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -290,7 +291,7 @@ fn move_cursor(
 }
 
 /// Set once a cursor's rename from `.doorbell/reads/` failed for crossing a mount.
-static BESIDE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static BESIDE: AtomicBool = AtomicBool::new(false);
 
 /// Replace the cursor file with `record`, and keep the new file open.
 fn write_cursor(bridge: &Bridge, path: &Path, record: CursorFile) -> Result<Held> {
@@ -300,30 +301,22 @@ fn write_cursor(bridge: &Bridge, path: &Path, record: CursorFile) -> Result<Held
     // in `.doorbell/reads/`, which the judge does not watch: beside the inboxes its creation,
     // write and close would wake the judge three times for nothing.
     let beside = path.parent().unwrap_or(Path::new("."));
-    let reads = if BESIDE.load(std::sync::atomic::Ordering::Relaxed) {
-        None
-    } else {
-        // A `reads` that is no folder (a symlink) is never written through: the read log
-        // warns of it, and the cursor is written as before.
-        reads_dir(bridge).ok()
-    };
-    let written = match reads {
-        Some(reads) => {
-            match crate::atomic::write_atomic_unsynced_via(path, &reads, text.as_bytes()) {
-                // `.doorbell/` on another mount (a volume, a bind mount): a rename cannot
-                // cross it, so this process makes its temp files beside the cursor from now on.
-                Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EXDEV) => {
-                    BESIDE.store(true, std::sync::atomic::Ordering::Relaxed);
-                    None
-                }
-                other => Some(other?),
-            }
+    // A `reads` that is no folder (a symlink) is never written through: the read log warns
+    // of it, and the temp file is made beside the cursor.
+    let reads = (!BESIDE.load(Ordering::Relaxed))
+        .then(|| reads_dir(bridge).ok())
+        .flatten();
+    let tmp_dir = reads.as_deref().unwrap_or(beside);
+    let file = match crate::atomic::write_atomic_unsynced_via(path, tmp_dir, text.as_bytes()) {
+        // `.doorbell/` on another mount (a volume, a bind mount): a rename cannot cross it,
+        // so this process makes its temp files beside the cursor from now on.
+        Err(Error::Io { source, .. })
+            if source.raw_os_error() == Some(libc::EXDEV) && tmp_dir != beside =>
+        {
+            BESIDE.store(true, Ordering::Relaxed);
+            crate::atomic::write_atomic_unsynced_via(path, beside, text.as_bytes())?
         }
-        None => None,
-    };
-    let file = match written {
-        Some(file) => file,
-        None => crate::atomic::write_atomic_unsynced_via(path, beside, text.as_bytes())?,
+        other => other?,
     };
     let meta = file.metadata().map_err(Error::io("stat cursor", path))?;
     Ok(Held {
@@ -334,7 +327,7 @@ fn write_cursor(bridge: &Bridge, path: &Path, record: CursorFile) -> Result<Held
 }
 
 /// A reader that stays (`watch`): its reader lock stays open between readings, and its
-/// cursor is checked against the inbox again only when the cursor's text, the inbox file or
+/// cursor is checked against the inbox again only when the cursor file, the inbox file or
 /// the inbox's generation changed since this reader last saw them (another reader moved it,
 /// or the inbox is another file now).
 #[derive(Debug)]
