@@ -1,7 +1,7 @@
 //! `doorbell read`: only accepted, complete lines; the cursor moves past what was judged and
 //! never into a line; a replaced inbox is detected, not trusted.
 
-use crate::util::{line, Bridge};
+use crate::util::{line, run_within, Bridge, WatchChild};
 
 fn ids(records: &[serde_json::Value]) -> Vec<String> {
     records
@@ -347,5 +347,62 @@ fn a_cursor_moves_when_its_state_folder_is_another_mount() {
     assert!(
         bridge.read_json("web", &[]).is_empty(),
         "the cursor moved past both"
+    );
+}
+
+/// A `watch` whose output nobody reads (a paused pager) stays in its turn, holding the
+/// agent's reader lock. `read`, and `read --wait` past its timeout, do not wait for it
+/// without end: they name it and exit 3, having shown and moved nothing. Once its output is
+/// read, the watch shows the message, once.
+#[test]
+fn a_read_behind_a_paused_watch_names_it_instead_of_hanging() {
+    use std::io::{BufRead, Read};
+    let bridge = Bridge::with_agents(&["web", "human"]);
+    let mut watch = WatchChild::spawn(&bridge, "web");
+    // More than a pipe holds: the watch's write of it blocks until the test reads.
+    let text = "x".repeat(300_000);
+    let id = bridge
+        .doorbell_stdin(
+            &["send", "--from", "human", "--to", "web", "-"],
+            text.as_bytes(),
+        )
+        .ok()
+        .trim()
+        .to_owned();
+    let mut output = std::io::BufReader::new(watch.0.stdout.take().unwrap());
+    // Its first byte: the watch is in its turn now, and stays in it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut first = [0u8; 1];
+        output.read_exact(&mut first).unwrap();
+        tx.send(()).unwrap();
+        output
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the watch printed nothing");
+    let within = std::time::Duration::from_secs(30);
+    for args in [
+        &["read", "web", "--json"][..],
+        &["read", "web", "--json", "--wait", "--timeout", "1s"][..],
+    ] {
+        let run = run_within(bridge.command(args), within);
+        assert_eq!(run.code, 3, "{args:?}: {}", run.stderr);
+        assert!(run.stdout.is_empty(), "{args:?} showed {}", run.stdout);
+        let watch_pid = format!("pid {}: doorbell watch web", watch.0.id());
+        assert!(
+            run.stderr.contains("another reader of web") && run.stderr.contains(&watch_pid),
+            "{args:?} does not name the watch ({watch_pid}): {}",
+            run.stderr
+        );
+    }
+    // Its output read, the watch ends its turn: the message was shown once, by the watch.
+    let mut output = reader.join().unwrap();
+    let mut rest = String::new();
+    output.read_line(&mut rest).unwrap();
+    let shown: serde_json::Value = serde_json::from_str(&format!("{{{rest}")).unwrap();
+    assert_eq!(shown["envelope"]["id"], id.as_str());
+    assert_eq!(
+        run_within(bridge.command(&["read", "web"]), within).ok(),
+        ""
     );
 }

@@ -268,6 +268,29 @@ pub fn run(mut command: Command, stdin: Option<&[u8]>) -> Run {
     Run::from(&child.wait_with_output().unwrap())
 }
 
+/// Run a command with no stdin to its end; one still running after `within` is killed and
+/// the test fails (a command that must not hang).
+#[track_caller]
+pub fn run_within(mut command: Command, within: std::time::Duration) -> Run {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = command.spawn().expect("spawn");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    if let Ok(output) = rx.recv_timeout(within) {
+        return Run::from(&output.unwrap());
+    }
+    let _ = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status();
+    panic!("{command:?} still ran after {within:?}");
+}
+
 /// One envelope line as `doorbell send` would write it, for tests that append directly.
 pub fn line(id: &str, from: &str, to: &str, kind: &str, extra: &str) -> String {
     let state = match kind {

@@ -1,5 +1,6 @@
 //! Exit codes and how failures reach a person: 0 ok, 1 runtime failure, 2 usage error or
-//! refused input, 3 another judge holds the bridge.
+//! refused input, 3 another process holds what the command needs (another judge the bridge,
+//! or another reader the agent's inbox for longer than a reader waits).
 
 use std::fmt;
 
@@ -47,7 +48,9 @@ pub fn report(error: &anyhow::Error) -> i32 {
         exit.code
     } else {
         match error.downcast_ref::<doorbell_store::Error>() {
-            Some(doorbell_store::Error::Locked { .. }) => LOCKED,
+            Some(
+                doorbell_store::Error::Locked { .. } | doorbell_store::Error::ReaderBusy { .. },
+            ) => LOCKED,
             Some(
                 doorbell_store::Error::NoSuchAgent { .. }
                 | doorbell_store::Error::BadAgentName { .. }

@@ -32,8 +32,6 @@ const MAX_INPUT: u64 = 16 * 1024 * 1024;
 /// A stop is blocked at most this many times in a row, so an agent is never trapped (Claude
 /// Code's own cap is 8).
 const MAX_BLOCKS_IN_ROW: u32 = 3;
-/// How long a hook waits for another reader of its agent.
-const READER_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 /// The most of one message's text a hook shows; the rest is a command away.
 const MAX_TEXT_CHARS: usize = 1_200;
 
@@ -228,9 +226,7 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
         .with_context(|| format!("creating {}", hooks.display()))?;
     // One reader of an agent at a time (this hook, another, `read`, `watch`, MCP): load,
     // print and advance are one step.
-    let Some(lock) = cursor::reading_within(&bridge, &agent, READER_WAIT)? else {
-        bail!("another reader of {agent} (a watch whose output is paused?) has held its inbox for {} s; showing nothing this time", READER_WAIT.as_secs());
-    };
+    let lock = cursor::reading_within(&bridge, &agent, cursor::READER_WAIT)?;
     let state_path = hooks.join(format!("{agent}.json"));
     let mut state = HookState::load(&state_path);
     let now = Utc::now();

@@ -305,11 +305,7 @@ fn read(bridge: &Bridge, agent: &str, max: usize) -> anyhow::Result<Value> {
     let path = bridge.require_inbox(agent)?;
     let view = view(bridge)?;
     // Another reader of this agent (a paused `watch`) must not hang the tool call.
-    let Some(_reading) = cursor::reading_within(bridge, agent, Duration::from_secs(3))? else {
-        return Err(crate::exit::refused(format!(
-            "another reader of {agent} (a paused watch?) has held its inbox for 3 s: try again"
-        )));
-    };
+    let _reading = cursor::reading_within(bridge, agent, cursor::READER_WAIT)?;
     let inbox = open_inbox(&path, false)?;
     let meta = inbox.metadata().context("stat inbox")?;
     let from = cursor::load(bridge, agent, &inbox)?.offset();

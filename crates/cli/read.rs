@@ -125,9 +125,10 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let path = bridge.require_inbox(&args.agent)?;
     let view = view(&bridge)?;
-    // From the cursor's load to its move, no other reader of this agent runs.
+    // From the cursor's load to its move, no other reader of this agent runs; one that stays
+    // in its turn (a paused watch) is named rather than waited for without end.
     let _reading = (!args.peek)
-        .then(|| cursor::reading(&bridge, &args.agent))
+        .then(|| cursor::reading_within(&bridge, &args.agent, cursor::READER_WAIT))
         .transpose()?;
     let inbox = open_inbox(&path, false)?;
     let meta = inbox.metadata().context("stat inbox")?;

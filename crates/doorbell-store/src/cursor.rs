@@ -379,11 +379,10 @@ impl Keeper {
         })
     }
 
-    /// Begin a reading, as [`reading`] does.
-    pub fn reading(&self) -> Result<Kept> {
-        self.lock
-            .lock()
-            .map_err(Error::io("lock reader lock", "(reader lock)"))?;
+    /// Begin a reading, as [`reading_within`] does, waiting for another reader until
+    /// `until` (`None`: as long as it reads).
+    pub fn reading(&self, until: Option<std::time::Instant>) -> Result<Kept> {
+        lock_reader(&self.lock, &self.agent, until)?;
         Ok(Kept {
             lock: std::rc::Rc::clone(&self.lock),
         })
@@ -448,32 +447,50 @@ pub struct Reading {
     _lock: File,
 }
 
-/// Begin `agent`'s reading: wait for any other reader of that agent to finish.
-pub fn reading(bridge: &Bridge, agent: &str) -> Result<Reading> {
-    let file = reader_lock(bridge, agent)?;
-    file.lock()
-        .map_err(Error::io("lock reader lock", "(reader lock)"))?;
-    Ok(Reading { _lock: file })
-}
+/// How long a reader that must not hang (`read`, a hook, an MCP call) waits for another
+/// reader of the same agent to finish its turn. A turn takes milliseconds, but a `watch`
+/// whose output nobody reads (a paused pager, Ctrl-Z) stays in its turn until it is read.
+pub const READER_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// Begin `agent`'s reading if no other reader holds it for longer than `within` (a hook must
-/// not hang behind a `watch` whose output is paused). `None` when the wait ran out.
+/// Begin `agent`'s reading if no other reader holds it for longer than `within`; after that,
+/// [`Error::ReaderBusy`] names the holder.
 pub fn reading_within(
     bridge: &Bridge,
     agent: &str,
     within: std::time::Duration,
-) -> Result<Option<Reading>> {
+) -> Result<Reading> {
     let file = reader_lock(bridge, agent)?;
-    let until = std::time::Instant::now() + within;
+    lock_reader(&file, agent, Some(std::time::Instant::now() + within))?;
+    Ok(Reading { _lock: file })
+}
+
+/// Take the reader lock `file` of `agent`, waiting for another reader until `until` (without
+/// end for `None`), then [`Error::ReaderBusy`].
+fn lock_reader(file: &File, agent: &str, until: Option<std::time::Instant>) -> Result<()> {
+    let Some(until) = until else {
+        return file
+            .lock()
+            .map_err(Error::io("lock reader lock", "(reader lock)"));
+    };
+    let began = std::time::Instant::now();
     let mut pause = std::time::Duration::from_millis(1);
     loop {
         match file.try_lock() {
-            Ok(()) => return Ok(Some(Reading { _lock: file })),
+            Ok(()) => return Ok(()),
             Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < until => {
-                std::thread::sleep(pause);
+                std::thread::sleep(
+                    pause.min(until.saturating_duration_since(std::time::Instant::now())),
+                );
                 pause = (pause * 2).min(std::time::Duration::from_millis(50));
             }
-            Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::ReaderBusy {
+                    agent: agent.to_owned(),
+                    holder: crate::lock::flock_holder(file)
+                        .unwrap_or_else(|| "a process this one cannot see".to_owned()),
+                    secs: (began.elapsed() + std::time::Duration::from_millis(500)).as_secs(),
+                })
+            }
             Err(std::fs::TryLockError::Error(e)) => {
                 return Err(Error::io("lock reader lock", "(reader lock)")(e))
             }

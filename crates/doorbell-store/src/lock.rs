@@ -121,3 +121,77 @@ pub(crate) fn open_lock_file(path: &std::path::Path) -> Result<File> {
         .open(path)
         .map_err(Error::io("open lock", path))
 }
+
+/// How much of a holder's command line an error shows.
+const MAX_COMMAND: usize = 100;
+
+/// Who holds a `flock` on `file`, from `/proc/locks`: "pid N: its command line", or `None`
+/// when nobody does or the holder cannot be seen (another pid namespace, no `/proc`).
+#[must_use]
+pub fn flock_holder(file: &File) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata().ok()?;
+    let id = format!(
+        "{:02x}:{:02x}:{}",
+        libc::major(meta.dev()),
+        libc::minor(meta.dev()),
+        meta.ino()
+    );
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    let pid = holder_in(&locks, &id)?;
+    let command = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let command: Vec<String> = command
+        .split(|&b| b == 0)
+        .filter(|arg| !arg.is_empty())
+        .map(|arg| String::from_utf8_lossy(arg).into_owned())
+        .collect();
+    Some(match command.as_slice() {
+        [] => format!("pid {pid}"),
+        [program, args @ ..] => {
+            // The program's name, not the path it was started by.
+            let name = program.rsplit('/').next().unwrap_or(program);
+            let mut text = format!("pid {pid}: {name}");
+            for arg in args {
+                text.push(' ');
+                text.push_str(arg);
+            }
+            if let Some((cut, _)) = text.char_indices().nth(MAX_COMMAND) {
+                text.truncate(cut);
+                text.push_str("...");
+            }
+            text
+        }
+    })
+}
+
+/// The pid that holds the `FLOCK` on the file `id` (`MAJOR:MINOR:INODE` as `/proc/locks`
+/// writes it) in the text of `/proc/locks`; waiters (`->`) hold nothing.
+fn holder_in(locks: &str, id: &str) -> Option<u32> {
+    locks.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields.as_slice() {
+            [_, "FLOCK", _, _, pid, file, ..] if *file == id => pid.parse().ok(),
+            _ => None,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holder_in;
+
+    #[test]
+    fn the_holder_of_a_flock_is_found_and_its_waiters_are_not() {
+        let locks = "1: POSIX  ADVISORY  WRITE 77 fe:00:42 0 EOF\n\
+                     2: FLOCK  ADVISORY  WRITE 4242 fe:00:10371300 0 EOF\n\
+                     2: -> FLOCK  ADVISORY  WRITE 5151 fe:00:10371300 0 EOF\n\
+                     3: FLOCK  ADVISORY  READ 99 fe:00:7 0 EOF\n";
+        assert_eq!(holder_in(locks, "fe:00:10371300"), Some(4242));
+        assert_eq!(holder_in(locks, "fe:00:7"), Some(99));
+        // A POSIX lock is not a flock, and another file's lock is not this one's.
+        assert_eq!(holder_in(locks, "fe:00:42"), None);
+        assert_eq!(holder_in(locks, "fe:01:10371300"), None);
+        let waiting_only = "2: -> FLOCK  ADVISORY  WRITE 5151 fe:00:10371300 0 EOF\n";
+        assert_eq!(holder_in(waiting_only, "fe:00:10371300"), None);
+    }
+}
