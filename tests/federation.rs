@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::util::{Bridge, Daemon};
+use crate::util::{run_within, Bridge, Daemon};
 
 const TOKEN: &str = "design-at-b-0123456789";
 
@@ -222,6 +222,53 @@ fn an_unreachable_remote_waits_in_status_and_nothing_is_dropped() {
     );
     assert!(said.contains("lines waiting for it: 1"), "{said}");
     // B comes up: the line goes across, once.
+    let _b = pair.start_b();
+    let arrived = read_wait(&pair.b, "web");
+    assert_eq!(arrived.len(), 1);
+    assert_eq!(arrived[0]["id"], Value::from(id));
+}
+
+/// A station on another bridge has one reader here, the forwarder: `read`, `watch`, a hook
+/// and an MCP call of it are refused before they show or take anything (a line they took
+/// would never go across); `read --peek` shows what waits; the line still goes across once.
+#[test]
+fn a_station_on_another_bridge_is_read_only_by_its_forwarder() {
+    let pair = Pair::new("");
+    let mut a = pair.start_a();
+    let id = pair.a.request("design", "web", "anyone there?");
+    a.expect_stderr("the remote cannot be reached", Duration::from_secs(10));
+    let within = Duration::from_secs(30);
+    let prompt = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/hooks/claude/UserPromptSubmit.json"),
+    )
+    .unwrap();
+    // A hook's failure is never the harness's decision: exit 1, said on stderr.
+    for (args, stdin, code) in [
+        (&["read", "web"][..], None, 2),
+        (&["read", "web", "--all"][..], None, 2),
+        (&["read", "web", "--wait", "--timeout", "1s"][..], None, 2),
+        (&["watch", "web"][..], None, 2),
+        (
+            &["hook", "UserPromptSubmit", "--agent", "web"][..],
+            Some(&prompt),
+            1,
+        ),
+    ] {
+        let run = match stdin {
+            None => run_within(pair.a.command(args), within),
+            Some(input) => pair.a.doorbell_stdin(args, input),
+        };
+        assert_eq!(run.code, code, "{args:?}: {} {}", run.stdout, run.stderr);
+        assert!(run.stdout.is_empty(), "{args:?} showed {}", run.stdout);
+        assert!(
+            run.stderr.contains("web is a station on another bridge"),
+            "{args:?}: {}",
+            run.stderr
+        );
+    }
+    let peeked = pair.a.doorbell(&["read", "web", "--peek", "--json"]);
+    assert!(peeked.ok().contains(&id), "{}", peeked.stdout);
     let _b = pair.start_b();
     let arrived = read_wait(&pair.b, "web");
     assert_eq!(arrived.len(), 1);

@@ -227,6 +227,14 @@ impl Bridge {
         Ok(registry)
     }
 
+    /// Where what lands in `name`'s inbox is forwarded, when `name` is a `[[remote]]` station
+    /// on another bridge: the forwarder is then that inbox's only reader.
+    #[must_use]
+    pub fn forwarded_to(&self, name: &str) -> Option<&str> {
+        let remote = self.config.remotes.iter().find(|r| r.name == name)?;
+        remote.url.as_deref()
+    }
+
     /// The inbox of an agent that must exist: sending never creates one.
     pub fn require_inbox(&self, name: &str) -> Result<PathBuf> {
         let path = self.inbox_path(name)?;

@@ -498,7 +498,17 @@ fn lock_reader(file: &File, agent: &str, until: Option<std::time::Instant>) -> R
     }
 }
 
+/// The reader lock of `agent`, which every reader that moves a cursor takes. A station on
+/// another bridge has one reader here, the forwarder, which moves its cursor once the far
+/// side has the line: a message another reader took would never reach it.
 fn reader_lock(bridge: &Bridge, agent: &str) -> Result<File> {
+    if let Some(url) = bridge.forwarded_to(agent) {
+        return Err(Error::Refused {
+            message: format!(
+                "{agent} is a station on another bridge ({url}): what lands in its inbox here is forwarded there, and reading it here would take it away; `doorbell read {agent} --peek` shows it without taking it, `doorbell status` says what waits"
+            ),
+        });
+    }
     crate::lock::open_lock_file(&read_log_path(bridge, agent)?.with_extension("lock"))
 }
 
