@@ -753,6 +753,11 @@ impl Watch {
             .expect("watch printed nothing in time")
     }
 
+    /// The id of the next message printed within `timeout`, if one was.
+    pub fn next_within(&self, timeout: std::time::Duration) -> Option<String> {
+        self.ids.recv_timeout(timeout).ok()
+    }
+
     pub fn id(&self) -> u32 {
         self.child.0.id()
     }

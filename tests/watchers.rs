@@ -294,3 +294,83 @@ fn a_cursor_move_makes_no_event_beside_the_inboxes_but_its_rename() {
     );
     daemon.kill();
 }
+
+/// The ids a `watch` prints, read on a thread, into a channel.
+fn ids_of(output: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    let (tx, ids) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(output).lines() {
+            let Ok(line) = line else { return };
+            let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+            let id = value["envelope"]["id"].as_str().unwrap().to_owned();
+            if tx.send(id).is_err() {
+                return;
+            }
+        }
+    });
+    ids
+}
+
+/// `.doorbell/reads/` removed while a `watch` runs (a user clearing it, a restored folder):
+/// the next reader makes a new reader lock there, and the watch, at its next turn, takes that
+/// one rather than the removed file it holds open. Two readers never show the same message.
+#[test]
+fn a_watch_takes_the_reader_lock_that_is_there_now() {
+    use std::io::Read;
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let daemon = Daemon::start(&bridge, &[]);
+    let first = Watch::start(&bridge, "web");
+    bridge.append_raw("web", note("01LOCKZERO").as_bytes());
+    assert_eq!(first.next(PATIENCE), "01LOCKZERO");
+    wait_for_first_move(&bridge);
+    std::fs::remove_dir_all(bridge.dir().join(".doorbell/reads")).unwrap();
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{name}"), &first.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    // While the first is stopped, a second watch begins to print a message larger than its
+    // pipe holds, and stays in that turn until the test reads its output.
+    signal("STOP");
+    let mut second = WatchChild::spawn(&bridge, "web");
+    let padding = format!(r#","padding":"{}""#, "x".repeat(300_000));
+    let big = format!("{}\n", line("01LOCKBIG", "design", "web", "note", &padding));
+    bridge.append_raw("web", big.as_bytes());
+    let mut output = second.0.stdout.take().unwrap();
+    let (tx, began) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut first_byte = [0u8; 1];
+        output.read_exact(&mut first_byte).unwrap();
+        tx.send(()).unwrap();
+        std::io::Cursor::new(first_byte.to_vec()).chain(output)
+    });
+    began
+        .recv_timeout(PATIENCE)
+        .expect("the second watch printed nothing");
+    // The first goes on, told of the same message: it must wait for the second's turn.
+    signal("CONT");
+    let seconds = ids_of(reader.join().unwrap());
+    assert_eq!(seconds.recv_timeout(PATIENCE).unwrap(), "01LOCKBIG");
+    bridge.append_raw("web", note("01LOCKLAST").as_bytes());
+    // Shown by one of the two, whichever takes the lock first.
+    let mut shown: Vec<String> = Vec::new();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !shown.iter().any(|id| id == "01LOCKLAST") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the last message was not shown"
+        );
+        shown.extend(first.next_within(Duration::from_millis(20)));
+        shown.extend(seconds.try_recv());
+    }
+    shown.extend(std::iter::from_fn(|| first.next_within(Duration::ZERO)));
+    shown.sort();
+    assert_eq!(
+        shown,
+        ["01LOCKLAST"],
+        "the big message was shown by the second watch only"
+    );
+    daemon.kill();
+}

@@ -65,10 +65,13 @@ pub fn follow(
         if inbox_identity == (journal.journal.dev, journal.journal.ino) {
             // One reader of the agent at a time; another may have read on meanwhile. `read
             // --wait` waits for it no longer than for a message.
-            let _reading = keeper.reading(match until {
-                Until::Stopped => None,
-                Until::FirstMessages(deadline) => Some(deadline),
-            })?;
+            let _reading = keeper.reading(
+                &bridge,
+                match until {
+                    Until::Stopped => None,
+                    Until::FirstMessages(deadline) => Some(deadline),
+                },
+            )?;
             let gen = journal.journal.gen;
             if let cursor::Position::At(at) = keeper.load(&inbox, inbox_identity, gen)? {
                 printed_to = printed_to.max(at);

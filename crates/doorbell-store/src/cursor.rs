@@ -381,8 +381,8 @@ impl Keeper {
 
     /// Begin a reading, as [`reading_within`] does, waiting for another reader until
     /// `until` (`None`: as long as it reads).
-    pub fn reading(&self, until: Option<std::time::Instant>) -> Result<Kept> {
-        lock_reader(&self.lock, &self.agent, until)?;
+    pub fn reading(&mut self, bridge: &Bridge, until: Option<std::time::Instant>) -> Result<Kept> {
+        lock_reader(&mut self.lock, bridge, &self.agent, until)?;
         Ok(Kept {
             lock: std::rc::Rc::clone(&self.lock),
         })
@@ -444,7 +444,7 @@ impl Keeper {
 /// (two `read` loops, a hook and a `watch`) never show the same message. Dropping it lets go.
 #[derive(Debug)]
 pub struct Reading {
-    _lock: File,
+    _lock: std::rc::Rc<File>,
 }
 
 /// How long a reader that must not hang (`read`, a hook, an MCP call) waits for another
@@ -459,20 +459,53 @@ pub fn reading_within(
     agent: &str,
     within: std::time::Duration,
 ) -> Result<Reading> {
-    let file = reader_lock(bridge, agent)?;
-    lock_reader(&file, agent, Some(std::time::Instant::now() + within))?;
-    Ok(Reading { _lock: file })
+    let mut lock = std::rc::Rc::new(reader_lock(bridge, agent)?);
+    lock_reader(
+        &mut lock,
+        bridge,
+        agent,
+        Some(std::time::Instant::now() + within),
+    )?;
+    Ok(Reading { _lock: lock })
 }
 
-/// Take the reader lock `file` of `agent`, waiting for another reader until `until` (without
-/// end for `None`), then [`Error::ReaderBusy`].
-fn lock_reader(file: &File, agent: &str, until: Option<std::time::Instant>) -> Result<()> {
+/// Take `agent`'s reader lock, waiting for another reader until `until` (without end for
+/// `None`), then [`Error::ReaderBusy`]. A lock file that is no longer at its path (removed
+/// with `.doorbell/reads/`, or a restored folder) is let go, and the one there now taken:
+/// that is the one the next reader takes.
+fn lock_reader(
+    lock: &mut std::rc::Rc<File>,
+    bridge: &Bridge,
+    agent: &str,
+    until: Option<std::time::Instant>,
+) -> Result<()> {
+    let began = std::time::Instant::now();
+    loop {
+        wait_for_reader(lock, agent, began, until)?;
+        let links = lock
+            .metadata()
+            .map_err(Error::io("stat reader lock", "(reader lock)"))?
+            .nlink();
+        if links > 0 {
+            return Ok(());
+        }
+        let _ = lock.unlock();
+        *lock = std::rc::Rc::new(reader_lock(bridge, agent)?);
+    }
+}
+
+/// Lock `file`, the reader lock of `agent`, once no other reader holds it, or until `until`.
+fn wait_for_reader(
+    file: &File,
+    agent: &str,
+    began: std::time::Instant,
+    until: Option<std::time::Instant>,
+) -> Result<()> {
     let Some(until) = until else {
         return file
             .lock()
             .map_err(Error::io("lock reader lock", "(reader lock)"));
     };
-    let began = std::time::Instant::now();
     let mut pause = std::time::Duration::from_millis(1);
     loop {
         match file.try_lock() {
