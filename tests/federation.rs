@@ -275,6 +275,27 @@ fn a_station_on_another_bridge_is_read_only_by_its_forwarder() {
     assert_eq!(arrived[0]["id"], Value::from(id));
 }
 
+/// `[[remote]]` changed under a running daemon and SIGHUP: the forwarders and the gateway are
+/// made at its start, so it says a restart is needed (readers already see the new file).
+#[test]
+fn a_remote_changed_at_sighup_is_said_to_need_a_restart() {
+    let bridge = Bridge::with_agents(&["design", "human"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let token = bridge.tmp.path().join("token");
+    std::fs::write(&token, TOKEN).unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    bridge.config(&format!(
+        "[[remote]]\nname = \"web\"\nurl = \"http://127.0.0.1:9/a2a/web\"\ntoken_file = \"{}\"\n",
+        token.display()
+    ));
+    daemon.signal("HUP");
+    let said = daemon.expect_stderr(
+        "take effect when the daemon starts",
+        Duration::from_secs(10),
+    );
+    assert!(said.contains("restart"), "{said}");
+}
+
 /// Exchanges between the two bridges while either daemon is killed (SIGKILL) at random moments;
 /// at the end every request and every answer is in its inbox exactly once, and nothing is
 /// owed on either side.

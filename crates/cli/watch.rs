@@ -48,6 +48,8 @@ pub fn follow(
     let mut source = Source::start(&bridge)?;
     let mut inbox = open_inbox(&path, false)?;
     let mut inbox_identity = identity(&inbox)?;
+    // First, so that a reader refused (another bridge's station) says nothing else.
+    let mut keeper = cursor::Keeper::new(&bridge, agent)?;
     let position = cursor::load(&bridge, agent, &inbox)?;
     warn_replaced(agent, position);
     let mut printed_to = position.offset();
@@ -60,16 +62,18 @@ pub fn follow(
     };
     // What one turn prints goes out in one write (print_accepted flushes).
     let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
-    let mut keeper = cursor::Keeper::new(&bridge, agent)?;
     loop {
         if inbox_identity == (journal.journal.dev, journal.journal.ino) {
             // One reader of the agent at a time; another may have read on meanwhile. `read
-            // --wait` waits for it no longer than for a message.
+            // --wait` waits for it until its deadline, and a reader's wait past it (a message
+            // came just before: another reader's turn of milliseconds is no failure).
             let _reading = keeper.reading(
                 &bridge,
                 match until {
                     Until::Stopped => None,
-                    Until::FirstMessages(deadline) => Some(deadline),
+                    Until::FirstMessages(deadline) => {
+                        Some(deadline.max(std::time::Instant::now() + cursor::READER_WAIT))
+                    }
                 },
             )?;
             let gen = journal.journal.gen;

@@ -117,6 +117,16 @@ pub async fn run(
                 match Config::load(options.config_path.as_deref()) {
                     Ok(config) => {
                         let path = config.path.clone();
+                        if (&config.remotes, config.a2a_listen)
+                            != (&options.bridge.config.remotes, options.bridge.config.a2a_listen)
+                        {
+                            // The forwarders and the gateway are made at the start, while
+                            // readers read the file as it is: say that they differ now.
+                            tracing::warn!(
+                                ?path,
+                                "[[remote]] and [a2a] take effect when the daemon starts: restart it for the forwarders and the gateway to follow the new ones"
+                            );
+                        }
                         let _ = config_tx.send(Arc::new(config.clone()));
                         seat.reload(config, &inputs);
                         // Logged once handed over: a line written after this is judged with it.

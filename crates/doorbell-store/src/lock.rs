@@ -138,7 +138,9 @@ pub fn flock_holder(file: &File) -> Option<String> {
         meta.ino()
     );
     let locks = std::fs::read_to_string("/proc/locks").ok()?;
-    let pid = holder_in(&locks, &id)?;
+    // Some file systems (an overlay, btrfs) give `stat` another device than the one the
+    // kernel writes there: then the inode alone, when one flock names it.
+    let pid = holder_in(&locks, &id).or_else(|| only_holder_of_inode(&locks, meta.ino()))?;
     let command = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     let command: Vec<String> = command
         .split(|&b| b == 0)
@@ -176,9 +178,23 @@ fn holder_in(locks: &str, id: &str) -> Option<u32> {
     })
 }
 
+/// The pid that holds the only `FLOCK` on an inode numbered `ino`, on whatever device.
+fn only_holder_of_inode(locks: &str, ino: u64) -> Option<u32> {
+    let suffix = format!(":{ino}");
+    let mut holders = locks.lines().filter_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields.as_slice() {
+            [_, "FLOCK", _, _, pid, file, ..] if file.ends_with(&suffix) => pid.parse().ok(),
+            _ => None,
+        }
+    });
+    let first = holders.next()?;
+    holders.next().is_none().then_some(first)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::holder_in;
+    use super::{holder_in, only_holder_of_inode};
 
     #[test]
     fn the_holder_of_a_flock_is_found_and_its_waiters_are_not() {
@@ -193,5 +209,18 @@ mod tests {
         assert_eq!(holder_in(locks, "fe:01:10371300"), None);
         let waiting_only = "2: -> FLOCK  ADVISORY  WRITE 5151 fe:00:10371300 0 EOF\n";
         assert_eq!(holder_in(waiting_only, "fe:00:10371300"), None);
+    }
+
+    #[test]
+    fn an_inode_on_a_device_stat_does_not_name_is_found_when_one_flock_holds_it() {
+        // An overlay: `stat` says 00:2a, the kernel 00:29.
+        let locks = "1: FLOCK  ADVISORY  WRITE 4242 00:29:1234 0 EOF\n\
+                     2: FLOCK  ADVISORY  WRITE 77 00:29:12345 0 EOF\n";
+        assert_eq!(holder_in(locks, "00:2a:1234"), None);
+        assert_eq!(only_holder_of_inode(locks, 1234), Some(4242));
+        // Two files of that number on two devices: neither is named.
+        let two = "1: FLOCK  ADVISORY  WRITE 4242 00:29:1234 0 EOF\n\
+                   2: FLOCK  ADVISORY  WRITE 77 fe:00:1234 0 EOF\n";
+        assert_eq!(only_holder_of_inode(two, 1234), None);
     }
 }
