@@ -21,6 +21,14 @@ struct Pair {
     ports: (u16, u16),
 }
 
+/// The token both sides share, in a file of `bridge`'s (mode 0600).
+fn token_file(bridge: &Bridge) -> std::path::PathBuf {
+    let token = bridge.tmp.path().join("token");
+    std::fs::write(&token, TOKEN).unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    token
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -43,9 +51,7 @@ impl Pair {
             let remote =
                 format!("name = \"{remote}\"\nurl = \"http://127.0.0.1:{theirs}/a2a/{remote}\"");
             let listen = format!("[a2a]\nlisten = \"127.0.0.1:{port}\"\n");
-            let token = bridge.tmp.path().join("token");
-            std::fs::write(&token, TOKEN).unwrap();
-            std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+            let token = token_file(bridge);
             bridge.config(&format!(
                 "{listen}[[remote]]\n{remote}\ntoken_file = \"{}\"\n{debts}\n",
                 token.display()
@@ -281,9 +287,7 @@ fn a_station_on_another_bridge_is_read_only_by_its_forwarder() {
 fn a_remote_changed_at_sighup_is_said_to_need_a_restart() {
     let bridge = Bridge::with_agents(&["design", "human"]);
     let mut daemon = Daemon::start(&bridge, &[]);
-    let token = bridge.tmp.path().join("token");
-    std::fs::write(&token, TOKEN).unwrap();
-    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let token = token_file(&bridge);
     bridge.config(&format!(
         "[[remote]]\nname = \"web\"\nurl = \"http://127.0.0.1:9/a2a/web\"\ntoken_file = \"{}\"\n",
         token.display()

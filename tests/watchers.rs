@@ -191,6 +191,15 @@ fn an_inbox_rewritten_in_place_with_only_its_head_changed_is_a_new_generation() 
     daemon.kill();
 }
 
+/// Send the signal `name` (`STOP`, `CONT`) to the process `pid`.
+fn signal(pid: u32, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
 /// Wait until web's `watch` has moved its cursor once: a move ends with its read log record.
 fn wait_for_first_move(bridge: &Bridge) {
     crate::util::wait_for_text(
@@ -213,13 +222,7 @@ fn a_watch_sees_a_cursor_moved_by_another_reader_while_it_waited() {
     // hold the reading that the other reader waits for.
     wait_for_first_move(&bridge);
     // The watch is stopped while another reader reads the next message and moves the cursor.
-    let signal = |name: &str| {
-        let status = std::process::Command::new("kill")
-            .args([&format!("-{name}"), &watch.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    };
+    let signal = |name: &str| signal(watch.id(), name);
     signal("STOP");
     bridge.append_raw("web", note("01MOVEDTWO").as_bytes());
     bridge.wait_for(PATIENCE, "two judged", |b| b.verdict_count() == 2);
@@ -324,13 +327,7 @@ fn a_watch_takes_the_reader_lock_that_is_there_now() {
     assert_eq!(first.next(PATIENCE), "01LOCKZERO");
     wait_for_first_move(&bridge);
     std::fs::remove_dir_all(bridge.dir().join(".doorbell/reads")).unwrap();
-    let signal = |name: &str| {
-        let status = std::process::Command::new("kill")
-            .args([&format!("-{name}"), &first.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    };
+    let signal = |name: &str| signal(first.id(), name);
     // While the first is stopped, a second watch begins to print a message larger than its
     // pipe holds, and stays in that turn until the test reads its output.
     signal("STOP");
