@@ -543,3 +543,95 @@ fn text_that_escapes_long_stays_under_the_cap_and_refused_lines_are_passed() {
         refused.stderr
     );
 }
+
+/// A hook that fires inside a subagent (Claude Code and Codex add `agent_id` and
+/// `agent_type` to the payload there) shows nothing and moves nothing: a subagent's context
+/// is thrown away when it ends. The agent's own next hook shows the message.
+#[test]
+fn a_hook_inside_a_subagent_leaves_the_mail_for_the_agent() {
+    for harness in ["claude", "codex"] {
+        let bridge = Bridge::with_agents(&["web", "design"]);
+        let id = asks(&bridge, "which port?");
+        for event in ["PostToolUse", "UserPromptSubmit"] {
+            let mut input: Value = serde_json::from_slice(&payload(harness, event)).unwrap();
+            input["agent_id"] = Value::from("a1b2c3");
+            input["agent_type"] = Value::from("explorer");
+            let run = hook(&bridge, harness, event, "web", input.to_string().as_bytes());
+            assert_eq!(run.code, 0, "{harness} {event}: {run:?}");
+            assert_eq!(run.stdout, "", "{harness} {event}: shown to the subagent");
+        }
+        let shown = at(&bridge, harness, "prompt", "web").expect("shown to the agent");
+        assert!(
+            context(harness, "UserPromptSubmit", &shown).contains(&id),
+            "{harness}: {shown}"
+        );
+    }
+}
+
+/// The cap counts what the harness counts: Claude Code's limit is on the JavaScript string
+/// length, where an emoji is two units. Messages of emoji at the highest cap stay within it.
+#[test]
+fn the_cap_counts_an_emoji_as_the_harness_does() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    bridge.config("hook_max_chars = 9000\n");
+    for _ in 0..10 {
+        bridge.send("design", "web", &"😀".repeat(1_500));
+    }
+    let shown = at(&bridge, "claude", "prompt", "web").expect("shown");
+    let text = context("claude", "UserPromptSubmit", &shown);
+    assert!(text.contains('😀'), "{text}");
+    let units = text.encode_utf16().count();
+    assert!(units <= 9_000, "{units} units shown");
+}
+
+/// A blocked stop names the debts first; unread notes get the room they leave.
+#[test]
+fn a_blocked_stop_names_every_debt_before_the_notes() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    for n in 0..100 {
+        bridge.send(
+            "design",
+            "web",
+            &format!("note {n}: {}", "words ".repeat(20)),
+        );
+    }
+    let asked: Vec<String> = (0..3).map(|n| asks(&bridge, &format!("q{n}?"))).collect();
+    let reason = blocked(
+        "claude",
+        &at(&bridge, "claude", "stop", "web").expect("blocked"),
+    );
+    for id in &asked {
+        assert!(reason.contains(id.as_str()), "{id} not named: {reason}");
+    }
+}
+
+/// A stop is never blocked twice for one set of debts, a prompt between or not: the agent
+/// was told, and the debt stays in `doorbell debts` and the morning report.
+#[test]
+fn a_stop_is_not_blocked_again_for_the_same_debts_after_a_prompt() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let first = asks(&bridge, "ETA?");
+    assert!(at(&bridge, "claude", "stop", "web").is_some(), "blocked");
+    at(&bridge, "claude", "prompt", "web");
+    assert_eq!(
+        at(&bridge, "claude", "stop", "web"),
+        None,
+        "the same set again"
+    );
+    // A second request, then answered: the set is {first} again, which was blocked for.
+    let second = asks(&bridge, "and the header?");
+    let reason = blocked(
+        "claude",
+        &at(&bridge, "claude", "stop", "web").expect("new set"),
+    );
+    assert!(
+        reason.contains(&first) && reason.contains(&second),
+        "{reason}"
+    );
+    bridge.reply(&second, "web", "completed", &[], "done");
+    assert_eq!(
+        at(&bridge, "claude", "stop", "web"),
+        None,
+        "{{first}} again"
+    );
+}

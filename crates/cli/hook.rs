@@ -29,6 +29,8 @@ use crate::session::{view, Session};
 /// Hook input larger than this is refused (a harness sends a few KB; a tool's output can be
 /// large, but not this large).
 const MAX_INPUT: u64 = 16 * 1024 * 1024;
+/// How many sets of debts a stop was blocked for are remembered.
+const MAX_SETS_REMEMBERED: usize = 64;
 /// A stop is blocked at most this many times in a row, so an agent is never trapped (Claude
 /// Code's own cap is 8).
 const MAX_BLOCKS_IN_ROW: u32 = 3;
@@ -152,6 +154,11 @@ struct HookState {
     /// The set of debts the last blocked stop named.
     #[serde(default)]
     blocked_for: Vec<String>,
+    /// Every set of debts a stop was blocked for, the latest last (at most
+    /// `MAX_SETS_REMEMBERED`): a stop is never blocked twice for one set, prompts between or
+    /// not.
+    #[serde(default)]
+    blocked_sets: Vec<Vec<String>>,
     /// Stops blocked in a row.
     #[serde(default)]
     blocks_in_row: u32,
@@ -180,6 +187,9 @@ struct Input {
     moment: Moment,
     /// The harness's own name for the event.
     event: String,
+    /// The event came from inside a subagent (Claude Code and Codex say so with `agent_id`):
+    /// its context is thrown away when it ends, so nothing is shown there.
+    in_subagent: bool,
 }
 
 fn parse_input(harness: Harness, event: &str, input: &[u8]) -> anyhow::Result<Input> {
@@ -205,9 +215,14 @@ fn parse_input(harness: Harness, event: &str, input: &[u8]) -> anyhow::Result<In
             );
         }
     }
+    let in_subagent = object
+        .get("agent_id")
+        .and_then(Value::as_str)
+        .is_some_and(|id| !id.is_empty());
     Ok(Input {
         moment,
         event: event.to_owned(),
+        in_subagent,
     })
 }
 
@@ -216,6 +231,10 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
     let Some(agent) = args.agent.clone() else {
         bail!("no agent: give --agent NAME or set DOORBELL_AGENT");
     };
+    if input.in_subagent {
+        // What a subagent is shown never reaches the agent: its mail waits for the agent.
+        return Ok(None);
+    }
     let bridge = session.bridge()?;
     bridge.require_inbox(&agent)?;
     let hooks = bridge.state_dir()?.join("hooks");
@@ -242,7 +261,6 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
     if matches!(input.moment, Moment::Prompt | Moment::AfterTool) && all_read(&bridge, &agent)? {
         if input.moment == Moment::Prompt {
             state.blocks_in_row = 0;
-            state.blocked_for.clear();
         }
         return finish(None, bridge, agent, None, state, state_path, lock);
     }
@@ -264,15 +282,14 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
     if matches!(input.moment, Moment::Start | Moment::Prompt) {
         // A person's prompt or a new session starts a new row of stops.
         state.blocks_in_row = 0;
-        state.blocked_for.clear();
     }
     if input.moment == Moment::Start {
         text.debts_owed(&owes, now);
         text.owed_to(&credits, now);
     }
-    let shown_to = frame_unread(&mut view, &bridge, &agent, &mut text, now)?;
     let decision_block = input.moment == Moment::Stop;
     if decision_block {
+        // The debts come first: what arrived is framed in the room they leave.
         let blocks = stop_blocks(&agent, &mut state, &mut text, &owes, now);
         if !blocks {
             // Nothing is said at a stop that is let through: what arrived waits for the
@@ -283,6 +300,7 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
         // could be said again at every stop, and an agent must never be trapped.
         state.save(&state_path)?;
     }
+    let shown_to = frame_unread(&mut view, &bridge, &agent, &mut text, now)?;
     if text.left_out > 0 {
         let _ = write!(
             text.body,
@@ -384,11 +402,16 @@ fn stop_blocks(
         state.blocked_for.clear();
         return false;
     }
-    if pending == state.blocked_for || state.blocks_in_row >= MAX_BLOCKS_IN_ROW {
+    let seen = pending == state.blocked_for || state.blocked_sets.contains(&pending);
+    if seen || state.blocks_in_row >= MAX_BLOCKS_IN_ROW {
         return false;
     }
     state.blocks_in_row += 1;
     text.stop_reason(agent, &pending, owes, now);
+    if state.blocked_sets.len() >= MAX_SETS_REMEMBERED {
+        state.blocked_sets.remove(0);
+    }
+    state.blocked_sets.push(pending.clone());
     state.blocked_for = pending;
     true
 }
@@ -441,7 +464,13 @@ fn render(harness: Harness, input: &Input, body: &str, block: bool) -> String {
     text
 }
 
-/// The text a hook shows, within its cap.
+/// The length of `text` as the harnesses count it: UTF-16 code units (JavaScript's string
+/// length, which Claude Code's 10,000 limit is in), where an emoji is two.
+fn units(text: &str) -> usize {
+    text.encode_utf16().count()
+}
+
+/// The text a hook shows, within its cap (in [`units`]).
 struct Composer {
     max: usize,
     /// Whose hook this is: the sender of the commands it suggests.
@@ -473,11 +502,11 @@ impl Composer {
     }
 
     fn room(&self) -> usize {
-        self.max.saturating_sub(RESERVE + self.body.chars().count())
+        self.max.saturating_sub(RESERVE + units(&self.body))
     }
 
     fn line(&mut self, line: &str) -> bool {
-        if line.chars().count() + 1 > self.room() {
+        if units(line) + 1 > self.room() {
             return false;
         }
         self.body.push_str(line);
@@ -554,7 +583,7 @@ impl Composer {
         // The first line says why the stop is blocked: it is always there.
         let mut head = format!("{}\n", lines.next().unwrap_or_default());
         for line in lines.by_ref() {
-            if head.chars().count() + line.chars().count() + 1 > self.room() {
+            if units(&head) + units(line) + 1 > self.room() {
                 head.push_str("- and more: run `doorbell debts`\n");
                 break;
             }
@@ -610,7 +639,7 @@ impl Composer {
             }
         }
         let room = self.room();
-        if framed.chars().count() > room {
+        if units(&framed) > room {
             // The first message is shown cut rather than not at all, so a long one never
             // blocks the inbox; later ones wait for the next hook.
             if self.messages > 0 || room < 300 {
@@ -625,12 +654,12 @@ impl Composer {
                 framed = format!("{head}\n");
                 frame_lines(&cut_text, &mut framed);
                 let _ = writeln!(framed, "[doorbell {} end]", self.nonce);
-                if framed.chars().count() <= room || keep == 0 {
+                if units(&framed) <= room || keep == 0 {
                     break;
                 }
                 keep /= 2;
             }
-            if framed.chars().count() > room {
+            if units(&framed) > room {
                 return false;
             }
         }
