@@ -57,3 +57,112 @@ fn the_python_sdk_sends_reads_answers_and_waits_through_doorbell_mcp() {
             .contains("read through mcp"));
     }
 }
+
+/// `read` returns at most 20,000 UTF-16 units of text (the first message always, a long one
+/// cut with the way to the rest): a harness takes the whole result into the model's context,
+/// and Claude Code cuts one over 25,000 tokens or swaps it for a file. What does not fit stays
+/// unread and comes with the next call, in order, each message once.
+#[test]
+fn a_read_returns_what_a_harness_takes_and_leaves_the_rest_unread() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let mut sent = Vec::new();
+    for n in 0..60 {
+        sent.push(bridge.send("design", "web", &format!("{n} {}", "word ".repeat(600))));
+    }
+    let huge = "x".repeat(1_000_000);
+    sent.push(
+        bridge
+            .doorbell_stdin(
+                &["send", "--from", "design", "--to", "web", "-"],
+                huge.as_bytes(),
+            )
+            .ok()
+            .trim()
+            .to_owned(),
+    );
+    let calls = client(&bridge, "reads");
+    let calls = calls.as_array().unwrap();
+    let mut read = Vec::new();
+    for call in calls {
+        let units = call["units"].as_u64().unwrap();
+        assert!(units <= 20_000 + 200, "{units} units in one call");
+        read.extend(
+            call["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|id| id.as_str().unwrap().to_owned()),
+        );
+    }
+    assert_eq!(read, sent, "each message once, in order");
+    let last = calls.last().unwrap();
+    assert_eq!(last["truncated"][0], sent[60].as_str(), "{last}");
+    assert_eq!(last["more"], 0);
+    assert!(calls[0]["more"].as_u64().unwrap() > 0, "{}", calls[0]);
+}
+
+/// A `read` the client cancels (its user pressed Esc while another reader held the inbox)
+/// gets no answer, so nothing in it may count as read: the message stays unread.
+#[test]
+fn a_cancelled_read_leaves_the_messages_unread() {
+    use std::io::{BufRead, Write};
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let id = bridge.send("design", "web", "are you there?");
+    // Another reader holds web's inbox.
+    let reads = bridge.dir().join(".doorbell/reads");
+    std::fs::create_dir_all(&reads).unwrap();
+    let lock = std::fs::File::create(reads.join("web.lock")).unwrap();
+    lock.lock().unwrap();
+    let mut command = bridge.command(&["mcp", "--agent", "web"]);
+    command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut server = command.spawn().unwrap();
+    let mut to = server.stdin.take().unwrap();
+    let mut from = std::io::BufReader::new(server.stdout.take().unwrap());
+    let mut answer = |id: u64| -> Value {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(from.read_line(&mut line).unwrap() > 0, "the server ended");
+            let value: Value = serde_json::from_str(&line).unwrap();
+            if value["id"] == id {
+                return value;
+            }
+        }
+    };
+    let mut say = |message: Value| writeln!(to, "{message}").unwrap();
+    say(
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "test", "version": "0"}}}),
+    );
+    answer(1);
+    say(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    say(
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "read", "arguments": {}}}),
+    );
+    say(
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 2, "reason": "the user pressed Esc"}}),
+    );
+    // Answered after the cancel was taken in: the read waits for the lock still.
+    say(
+        serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "status", "arguments": {}}}),
+    );
+    answer(3);
+    lock.unlock().unwrap();
+    // The read ends (unanswered); then the message is still unread.
+    say(
+        serde_json::json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+        "params": {"name": "read", "arguments": {}}}),
+    );
+    let again = answer(4);
+    let messages = &again["result"]["structuredContent"]["messages"];
+    assert_eq!(messages[0]["id"], id.as_str(), "{again}");
+    drop(to);
+    let _ = server.wait();
+}

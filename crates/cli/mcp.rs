@@ -15,7 +15,10 @@ use doorbell_store::view::envelope_of;
 use doorbell_store::{cursor, Bridge};
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
-use rmcp::{tool, tool_handler, tool_router, ErrorData as McpError, ServerHandler, ServiceExt};
+use rmcp::service::RequestContext;
+use rmcp::{
+    tool, tool_handler, tool_router, ErrorData as McpError, RoleServer, ServerHandler, ServiceExt,
+};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -27,6 +30,12 @@ use crate::session::{view, Session};
 const MAX_TEXT: usize = 64 * 1024;
 /// The most messages one `read` returns.
 const MAX_READ: usize = 50;
+/// The most message text one `read` returns, in UTF-16 units (an emoji is two): well under
+/// what a harness takes from a tool (Claude Code: 25,000 tokens) before it cuts the result
+/// or swaps it for a file. What does not fit stays unread, counted in `more`.
+const MAX_READ_UNITS: usize = 20_000;
+/// The most of one message's text `read` returns; the rest is a `show` away.
+const MAX_MESSAGE_UNITS: usize = 8_000;
 /// The longest a `wait` blocks.
 const MAX_WAIT_SECS: u64 = 600;
 
@@ -227,9 +236,13 @@ impl Doorbell {
     async fn read(
         &self,
         Parameters(args): Parameters<ReadArgs>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
         let max = args.max.unwrap_or(MAX_READ).clamp(1, MAX_READ);
-        self.call(move |agent, bridge| read(bridge, agent, max))
+        // A call the client cancelled (its user pressed Esc while another reader held the
+        // inbox) gets no answer: nothing in it may count as read.
+        let cancelled = context.ct.clone();
+        self.call(move |agent, bridge| read(bridge, agent, max, &|| cancelled.is_cancelled()))
             .await
     }
 
@@ -300,8 +313,15 @@ impl Doorbell {
     }
 }
 
-/// Up to `max` unread messages of `agent`; the cursor moves over them, noted as read via MCP.
-fn read(bridge: &Bridge, agent: &str, max: usize) -> anyhow::Result<Value> {
+/// Up to `max` unread messages of `agent`, within [`MAX_READ_UNITS`] of text (the first
+/// always, cut to [`MAX_MESSAGE_UNITS`]); the cursor moves over them, noted as read via MCP,
+/// unless the call was `cancelled` meanwhile.
+fn read(
+    bridge: &Bridge,
+    agent: &str,
+    max: usize,
+    cancelled: &dyn Fn() -> bool,
+) -> anyhow::Result<Value> {
     let path = bridge.require_inbox(agent)?;
     let view = view(bridge)?;
     // Another reader of this agent (a paused `watch`) must not hang the tool call.
@@ -316,14 +336,25 @@ fn read(bridge: &Bridge, agent: &str, max: usize) -> anyhow::Result<Value> {
         .inbox(agent, from)?
         .filter(|j| j.journal.dev == meta.dev() && j.journal.ino == meta.ino())
     {
+        let mut units = 0usize;
         let upto = journal.accepted_lines(&inbox, from, |offset, bytes| -> anyhow::Result<()> {
-            if messages.len() == max {
+            if messages.len() == max || more > 0 {
                 more += 1;
                 return Ok(());
             }
             let envelope = envelope_of(bytes)
                 .with_context(|| format!("{} changed at byte {offset}", path.display()))?;
-            messages.push(message_json(&envelope));
+            let mut message = message_json(&envelope);
+            cut_text(&mut message, &envelope.id);
+            let size = message["text"]
+                .as_str()
+                .map_or(0, |t| t.encode_utf16().count());
+            if !messages.is_empty() && units + size > MAX_READ_UNITS {
+                more += 1;
+                return Ok(());
+            }
+            units += size;
+            messages.push(message);
             to = Some(offset + bytes.len() as u64 + 1);
             Ok(())
         })?;
@@ -332,10 +363,34 @@ fn read(bridge: &Bridge, agent: &str, max: usize) -> anyhow::Result<Value> {
             to = Some(upto);
         }
     }
+    if cancelled() {
+        anyhow::bail!("cancelled: nothing was read");
+    }
     if let Some(to) = to.filter(|to| *to > from) {
         cursor::advance(bridge, agent, &inbox, to, "mcp")?;
     }
     Ok(json!({ "note": DATA_NOTE, "messages": messages, "more": more }))
+}
+
+/// Cut a message's text past [`MAX_MESSAGE_UNITS`], saying so and how to see the rest.
+fn cut_text(message: &mut Value, id: &str) {
+    let Some(text) = message["text"].as_str() else {
+        return;
+    };
+    let mut kept = 0usize;
+    let Some((end, _)) = text.char_indices().find(|(_, c)| {
+        kept += c.len_utf16();
+        kept > MAX_MESSAGE_UNITS
+    }) else {
+        return;
+    };
+    let rest = text[end..].chars().count();
+    let cut = format!(
+        "{} … ({rest} more characters: call show with id {id})",
+        &text[..end]
+    );
+    message["text"] = json!(cut);
+    message["truncated"] = json!(true);
 }
 
 fn show(bridge: &Bridge, id: &str) -> anyhow::Result<Value> {

@@ -1,6 +1,7 @@
 """Drive `doorbell mcp` with the official Python MCP SDK, as an agent's harness would.
 
-Usage: python mcp_client.py DOORBELL MODE   (MODE: auto, the SDK's default, or legacy)
+Usage: python mcp_client.py DOORBELL MODE   (MODE: auto, the SDK's default, or legacy;
+       or reads: web's `read` called until nothing is unread, each result's size and ids)
 The bridge comes from DOORBELL_DIR and XDG_CONFIG_HOME in the environment. Prints one JSON
 document of what it saw; exits non-zero on the first surprise.
 """
@@ -33,7 +34,29 @@ def expect(condition, what):
         raise SystemExit(f"unexpected: {what}")
 
 
+async def reads():
+    """Call web's `read` until nothing is left: per call, its ids, `more`, the UTF-16 length
+    of its text, and which messages came cut."""
+    calls = []
+    async with connect("web") as web:
+        while True:
+            read = await web.call_tool("read", {})
+            expect(not read.is_error, f"read: {read.content}")
+            messages = read.structured_content["messages"]
+            if not messages:
+                break
+            calls.append({
+                "ids": [m["id"] for m in messages],
+                "more": read.structured_content["more"],
+                "units": sum(len(m["text"].encode("utf-16-le")) // 2 for m in messages),
+                "truncated": [m["id"] for m in messages if m.get("truncated")],
+            })
+    print(json.dumps(calls))
+
+
 async def main():
+    if MODE == "reads":
+        return await reads()
     seen = {"mode": MODE}
     started = time.perf_counter()
     async with connect("design") as design:
