@@ -379,6 +379,11 @@ fn step(
         let mut stats = CatchUp::default();
         // The notices come back as file events and are judged then.
         judge.emit(Utc::now(), &mut stats)?;
+        if judge.has_unwritten() {
+            // An inbox still locked by another process: try again in a while, and again,
+            // until it is let go (nothing else may come to wake the judge).
+            due.notice = Some(Instant::now() + NOTICE_RETRY);
+        }
     }
     if due.board.is_some_and(|at| at <= now_instant) {
         due.board = None;
