@@ -749,3 +749,50 @@ fn a_held_line_of_a_replaced_inbox_is_judged_and_its_sender_told() {
         .any(|m| m["envelope"]["id"] == "01INTHENEWFILE"));
     daemon.kill();
 }
+
+/// `.doorbell/` restored from a backup while the daemon runs: its lock file is a new one,
+/// which any other judge may take. The daemon sees it at its next sweep, says so and stops
+/// (exit 1, so systemd starts it again), rather than judge on into files nobody reads.
+/// Started again, it judges from the restored state, and each message is read once.
+#[test]
+fn a_state_folder_restored_under_the_daemon_stops_it() {
+    let patience = std::time::Duration::from_secs(20);
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let mut daemon = crate::util::Daemon::start(&bridge, &[]);
+    let first = bridge.send("design", "web", "one");
+    bridge.wait_for(patience, "one judged", |b| b.verdict_count() == 1);
+    let state = bridge.dir().join(".doorbell");
+    let backup = bridge.tmp.path().join("state-backup");
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&state)
+        .arg(&backup)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let second = bridge.send("design", "web", "two");
+    bridge.wait_for(patience, "two judged", |b| b.verdict_count() == 2);
+    // The restore: the folder as it was, every file a new one.
+    std::fs::remove_dir_all(&state).unwrap();
+    let restored = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&backup)
+        .arg(&state)
+        .status()
+        .unwrap();
+    assert!(restored.success());
+    let third = bridge.send("design", "web", "three");
+    daemon.expect_stderr("was replaced while this judge ran", patience);
+    assert_eq!(
+        daemon.wait_exit(patience),
+        Some(1),
+        "stopped, to be started again"
+    );
+    let _again = crate::util::Daemon::start(&bridge, &[]);
+    let read: Vec<String> = bridge
+        .read_json("web", &[])
+        .iter()
+        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(read, [first, second, third]);
+}

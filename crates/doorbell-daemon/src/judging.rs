@@ -89,6 +89,8 @@ struct Judging {
     watchers: Option<Watchers>,
     /// When the judging thread wakes next unless an input comes (`None`: only for one).
     sleeps_until: Option<Instant>,
+    /// Why judging must end now (its state folder was replaced under it).
+    ended: Option<doorbell_store::Error>,
 }
 
 /// Where the judge sits: empty before the start-up catch-up is done and once stopping began.
@@ -135,7 +137,11 @@ impl Seat {
             dirty: BTreeSet::from([inbox.to_owned()]),
             ..Batch::default()
         };
-        judging.act(batch);
+        if !judging.act(batch) {
+            // Judging ends: the judging thread sees to it.
+            let _ = inputs.send(Input::Wake);
+            return true;
+        }
         // The judging thread sleeps until its first deadline: wake it when one came sooner.
         let next = judging.next_wake();
         if next.is_some_and(|at| judging.sleeps_until.is_none_or(|until| at < until)) {
@@ -189,6 +195,11 @@ impl Judging {
                 true
             }
             Err(doorbell_store::Error::Interrupted) => false,
+            Err(e @ doorbell_store::Error::StateReplaced { .. }) => {
+                tracing::error!(error = %e, "judging stops");
+                self.ended = Some(e);
+                false
+            }
             Err(e) => {
                 failed(&mut self.due, &e);
                 true
@@ -246,6 +257,7 @@ pub fn run(
         arrivals: arrivals.clone(),
         watchers,
         sleeps_until: None,
+        ended: None,
     });
     loop {
         // The first deadline is read with the judge in hand; the wait is without it.
@@ -262,6 +274,9 @@ pub fn run(
         let Some(judging) = seated.as_mut() else {
             break;
         };
+        if judging.ended.is_some() {
+            break;
+        }
         let going_on = judging.act(batch);
         // Applied: hints may be judged where they arrive again.
         seat.1.fetch_sub(reloads, Ordering::SeqCst);
@@ -274,11 +289,17 @@ pub fn run(
         mut judge,
         mut due,
         watchers,
+        ended,
         ..
     }) = seat.lock().take()
     else {
         return Ok(());
     };
+    if let Some(error) = ended {
+        // Nothing more is written into files nobody reads: the next start judges from
+        // what the folder holds now.
+        return Err(error);
+    }
     if let Err(error) = judge.settle() {
         // The journal has what the index missed; the next start replays it.
         tracing::error!(%error, "could not save the last checkpoint");

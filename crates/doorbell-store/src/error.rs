@@ -65,6 +65,8 @@ pub enum Error {
     /// Input a sender gave that the rules refuse (exit 2).
     #[error("{message}")]
     Refused { message: String },
+    #[error("the bridge's state folder {dir} was replaced while this judge ran (restored from a backup?): it stops, so that a judge started afresh works from what is there now")]
+    StateReplaced { dir: PathBuf },
     #[error("interrupted: the judge is stopping")]
     Interrupted,
 }

@@ -13,6 +13,8 @@ use crate::{Bridge, Error, Result};
 pub struct BridgeLock {
     file: File,
     path: PathBuf,
+    /// The locked file's device and inode.
+    identity: (u64, u64),
 }
 
 impl BridgeLock {
@@ -27,7 +29,16 @@ impl BridgeLock {
         file.set_len(0).map_err(Error::io("write lock", &path))?;
         writeln!(file, "pid {} ({role})", std::process::id())
             .map_err(Error::io("write lock", &path))?;
-        Ok(Some(BridgeLock { file, path }))
+        let meta = file.metadata().map_err(Error::io("stat lock", &path))?;
+        let identity = (
+            std::os::unix::fs::MetadataExt::dev(&meta),
+            std::os::unix::fs::MetadataExt::ino(&meta),
+        );
+        Ok(Some(BridgeLock {
+            file,
+            path,
+            identity,
+        }))
     }
 
     /// Take the lock, waiting while its holder is another command's short catch-up (up to
@@ -73,6 +84,17 @@ impl BridgeLock {
     #[must_use]
     pub fn path(&self) -> &std::path::Path {
         &self.path
+    }
+
+    /// Whether the lock file at its path is still the one this judge locked. A `.doorbell/`
+    /// restored under a running judge has a new one, free for any other judge to take.
+    pub fn still_held(&self) -> Result<bool> {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(now) => Ok((now.dev(), now.ino()) == self.identity),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(Error::io("stat lock", &self.path)(e)),
+        }
     }
 }
 

@@ -104,7 +104,7 @@ impl CatchUp {
 #[derive(Debug)]
 pub struct Judge {
     bridge: Bridge,
-    _lock: BridgeLock,
+    lock: BridgeLock,
     journal_path: PathBuf,
     snapshot: Snapshot,
     journal: JournalWriter,
@@ -282,6 +282,12 @@ impl Judge {
     /// Judge the unjudged lines of `names`. When a line waits for a request that is not in
     /// the ledger, every other inbox is read to its end before the line is refused.
     pub fn sweep(&mut self, names: &[String], now: DateTime<Utc>) -> Result<CatchUp> {
+        // Judging on into files another judge no longer sees would judge every line twice.
+        if !self.lock.still_held()? {
+            return Err(crate::Error::StateReplaced {
+                dir: self.bridge.state_dir()?,
+            });
+        }
         let mut stats = CatchUp::default();
         let mut held = HeldLines::default();
         let mut holds = self.holds;

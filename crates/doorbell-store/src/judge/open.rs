@@ -331,7 +331,7 @@ impl Judge {
             doubles: BTreeSet::new(),
             locked_inboxes: BTreeSet::new(),
             bridge,
-            _lock: lock,
+            lock,
             journal_path,
             saved_len: snapshot.journal_len,
             saver: None,
