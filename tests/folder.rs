@@ -796,3 +796,40 @@ fn a_state_folder_restored_under_the_daemon_stops_it() {
         .collect();
     assert_eq!(read, [first, second, third]);
 }
+
+/// An inbox restored to an older copy and then written on with lines of the same length and
+/// text as those the restore took away (a bot's fixed notes; ids are of one width) ends where
+/// the judge stopped, with the same last bytes but for the last line's id. The judge knows it
+/// is another file by that line: the new messages are judged and read, each once.
+#[test]
+fn an_inbox_restored_and_written_on_to_the_same_length_is_not_taken_for_the_old() {
+    let bridge = Bridge::with_agents(&["web", "human"]);
+    for _ in 0..23 {
+        bridge.send("human", "web", "ok");
+    }
+    let inbox = bridge.inbox("web");
+    let backup = bridge.tmp.path().join("web-inbox.backup");
+    std::fs::copy(&inbox, &backup).unwrap();
+    for _ in 0..2 {
+        bridge.send("human", "web", "ok");
+    }
+    assert_eq!(bridge.read_json("web", &[]).len(), 25);
+    // The restore, then two more of the same: the inbox is as long as before the restore.
+    let before = std::fs::metadata(&inbox).unwrap().len();
+    std::fs::copy(&backup, &inbox).unwrap();
+    let new: Vec<String> = (0..2).map(|_| bridge.send("human", "web", "ok")).collect();
+    assert_eq!(
+        std::fs::metadata(&inbox).unwrap().len(),
+        before,
+        "the same length"
+    );
+    let read: Vec<String> = bridge
+        .read_json("web", &[])
+        .iter()
+        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(read, new, "the new messages, once");
+    for id in &new {
+        bridge.doorbell(&["show", id]).ok();
+    }
+}

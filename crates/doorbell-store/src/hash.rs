@@ -7,8 +7,11 @@ use std::os::unix::fs::FileExt;
 
 /// How many bytes at the head of a file identify it.
 pub const HEAD_BYTES: u64 = 4096;
-/// How many bytes just before an offset identify the position.
+/// How many bytes just before an offset identified the position in markers that do not say
+/// (`Marker::tail_len` is `None`), and the least a marker covers.
 pub const TAIL_BYTES: u64 = 32;
+/// The most bytes before an offset a marker covers: the whole last line when it is shorter.
+pub const MAX_TAIL_BYTES: u64 = 64 * 1024;
 
 /// The xxh3 hash of `len` bytes of `file` from `offset`, or `None` when the file is shorter.
 /// Read through a buffer on the stack: this runs on every sweep, and a heap buffer here showed
@@ -29,36 +32,60 @@ pub fn hash_range(file: &File, offset: u64, len: u64) -> io::Result<Option<u64>>
     Ok(Some(hasher.digest()))
 }
 
-/// What identifies a position in a file: its first bytes and the bytes just before it.
+/// What identifies a position in a file: its first bytes and the bytes just before it, the
+/// last line's whole (with the line break before it), where that line's id is. Lines of one
+/// length and one text differ only there: a file restored to an older copy and written on
+/// to the same length is not taken for the file it was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Marker {
     pub head_len: u64,
     pub head: u64,
     pub tail: u64,
+    /// How many bytes before the offset `tail` covers; `None` in markers written before it
+    /// was kept, which cover [`TAIL_BYTES`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail_len: Option<u64>,
+}
+
+/// How many bytes before `offset` a new marker covers: back to the line break before the
+/// last line (included), at least [`TAIL_BYTES`] and at most [`MAX_TAIL_BYTES`].
+fn tail_len(file: &File, offset: u64) -> io::Result<u64> {
+    let least = offset.min(TAIL_BYTES);
+    let most = offset.min(MAX_TAIL_BYTES);
+    // The byte just before the offset ends the last line: the search starts before it.
+    let mut end = offset.saturating_sub(1);
+    let mut buf = [0u8; 4096];
+    while end > offset - most {
+        let start = end.saturating_sub(buf.len() as u64).max(offset - most);
+        let want = usize::try_from(end - start).unwrap_or(buf.len());
+        let n = file.read_at(&mut buf[..want], start)?;
+        if n < want {
+            // Shorter than the offset: the hash says so.
+            return Ok(least);
+        }
+        if let Some(at) = buf[..want].iter().rposition(|&b| b == b'\n') {
+            return Ok((offset - (start + at as u64)).max(least));
+        }
+        end = start;
+    }
+    Ok(most.max(least))
 }
 
 impl Marker {
     /// The marker of `offset` in `file`, or `None` when the file is shorter than `offset`.
     pub fn of(file: &File, offset: u64) -> io::Result<Option<Marker>> {
-        let head_len = offset.min(HEAD_BYTES);
-        let tail_len = offset.min(TAIL_BYTES);
-        let (Some(head), Some(tail)) = (
-            hash_range(file, 0, head_len)?,
-            hash_range(file, offset - tail_len, tail_len)?,
-        ) else {
-            return Ok(None);
-        };
-        Ok(Some(Marker {
-            head_len,
-            head,
-            tail,
-        }))
+        Marker::of_with_head(file, offset, None)
     }
 
     /// Whether `file` still has the same bytes at the head and before `offset`.
     pub fn matches(&self, file: &File, offset: u64) -> io::Result<bool> {
-        Ok(Marker::of(file, offset)?.as_ref() == Some(self))
+        let tail_len = self.tail_len.unwrap_or(offset.min(TAIL_BYTES));
+        if self.head_len != offset.min(HEAD_BYTES) || tail_len > offset {
+            return Ok(false);
+        }
+        Ok(hash_range(file, 0, self.head_len)? == Some(self.head)
+            && hash_range(file, offset - tail_len, tail_len)? == Some(self.tail))
     }
 
     /// [`Marker::of`], taking the head as `head` (its length and hash) when that is the head
@@ -70,17 +97,21 @@ impl Marker {
         head: Option<(u64, u64)>,
     ) -> io::Result<Option<Marker>> {
         let head_len = offset.min(HEAD_BYTES);
-        let Some((known_len, known)) = head.filter(|(len, _)| *len == head_len) else {
-            return Marker::of(file, offset);
+        let head = match head.filter(|(len, _)| *len == head_len) {
+            Some((_, known)) => Some(known),
+            None => hash_range(file, 0, head_len)?,
         };
-        let tail_len = offset.min(TAIL_BYTES);
-        Ok(
-            hash_range(file, offset - tail_len, tail_len)?.map(|tail| Marker {
-                head_len: known_len,
-                head: known,
-                tail,
-            }),
-        )
+        let tail_len = tail_len(file, offset)?;
+        let (Some(head), Some(tail)) = (head, hash_range(file, offset - tail_len, tail_len)?)
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Marker {
+            head_len,
+            head,
+            tail,
+            tail_len: Some(tail_len),
+        }))
     }
 
     /// The head this marker holds: its length and hash.
@@ -94,7 +125,7 @@ impl Marker {
 mod tests {
     use std::io::Write;
 
-    use super::hash_range;
+    use super::{hash_range, Marker, TAIL_BYTES};
 
     /// Markers are on disk (journal marks, checkpoints, cursors): reading through a buffer
     /// must hash exactly as xxh3 over the whole range did.
@@ -120,5 +151,39 @@ mod tests {
             );
         }
         assert_eq!(hash_range(&file, 19_990, 11).unwrap(), None, "past the end");
+    }
+
+    /// A marker covers the last line and the break before it, at least 32 bytes; one written
+    /// before it said how much it covers still matches over 32.
+    #[test]
+    fn a_marker_covers_the_whole_last_line_and_old_markers_still_match() {
+        let long = format!("{{\"id\":\"B\",\"text\":\"{}\"}}\n", "y".repeat(100));
+        let text = format!("{{\"id\":\"A\"}}\n{long}");
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(text.as_bytes()).unwrap();
+        let end = text.len() as u64;
+        let marker = Marker::of(&file, end).unwrap().unwrap();
+        assert_eq!(marker.tail_len, Some(long.len() as u64 + 1));
+        assert!(marker.matches(&file, end).unwrap());
+        // A short last line: still 32 bytes at least.
+        let short = Marker::of(&file, 11).unwrap().unwrap();
+        assert_eq!(short.tail_len, Some(11));
+        // The same length and text under another id is another file.
+        let other = text.replace("\"B\"", "\"C\"");
+        let mut copy = tempfile::tempfile().unwrap();
+        copy.write_all(other.as_bytes()).unwrap();
+        assert!(!marker.matches(&copy, end).unwrap());
+        // A marker from before: 32 bytes, no length kept.
+        let old = Marker {
+            tail: hash_range(&file, end - TAIL_BYTES, TAIL_BYTES)
+                .unwrap()
+                .unwrap(),
+            tail_len: None,
+            ..marker
+        };
+        assert!(old.matches(&file, end).unwrap());
+        let json = serde_json::to_string(&old).unwrap();
+        assert!(!json.contains("tailLen"), "{json}");
+        assert_eq!(serde_json::from_str::<Marker>(&json).unwrap(), old);
     }
 }
