@@ -635,3 +635,33 @@ fn a_stop_is_not_blocked_again_for_the_same_debts_after_a_prompt() {
         "{{first}} again"
     );
 }
+
+/// A question on the agent's own request (`input-required`) is a debt of the agent's too: the
+/// blocked stop names it as its own request to the other side, with the command that answers.
+#[test]
+fn a_question_on_the_agents_own_request_is_named_as_such_at_a_stop() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let asked = bridge.request("web", "design", "the logo, which size?");
+    bridge.reply(
+        &asked,
+        "design",
+        "input-required",
+        &[],
+        "for print or for the web?",
+    );
+    // The question is shown first, as any new message.
+    at(&bridge, "claude", "prompt", "web").expect("the question is shown");
+    let reason = blocked(
+        "claude",
+        &at(&bridge, "claude", "stop", "web").expect("blocked"),
+    );
+    assert!(
+        reason.contains(&format!("{asked}, your request to design")),
+        "{reason}"
+    );
+    assert!(reason.contains("--state working"), "{reason}");
+    assert!(
+        !reason.contains(&format!("{asked} from design")),
+        "{reason}"
+    );
+}

@@ -166,3 +166,68 @@ fn a_cancelled_read_leaves_the_messages_unread() {
     drop(to);
     let _ = server.wait();
 }
+
+/// A client that goes away (its stdin closed) while a `wait` runs: the server ends at once,
+/// not when the wait would have (up to ten minutes later).
+#[test]
+fn the_server_ends_when_its_client_goes_during_a_wait() {
+    use std::io::{BufRead, Write};
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let asked = bridge.request("web", "design", "anyone?");
+    let mut command = bridge.command(&["mcp", "--agent", "web"]);
+    command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut server = command.spawn().unwrap();
+    let mut to = server.stdin.take().unwrap();
+    let mut from = std::io::BufReader::new(server.stdout.take().unwrap());
+    let say =
+        |to: &mut std::process::ChildStdin, message: Value| writeln!(to, "{message}").unwrap();
+    say(
+        &mut to,
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "test", "version": "0"}}}),
+    );
+    let mut line = String::new();
+    from.read_line(&mut line).unwrap();
+    say(
+        &mut to,
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    say(
+        &mut to,
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "wait", "arguments": {"ids": [asked], "timeout_secs": 120}}}),
+    );
+    // The wait has begun once a later call is answered.
+    say(
+        &mut to,
+        serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "status", "arguments": {}}}),
+    );
+    loop {
+        line.clear();
+        assert!(from.read_line(&mut line).unwrap() > 0);
+        if serde_json::from_str::<Value>(&line).unwrap()["id"] == 3 {
+            break;
+        }
+    }
+    drop(to);
+    let (tx, ended) = std::sync::mpsc::channel();
+    let pid = server.id();
+    std::thread::spawn(move || {
+        let _ = tx.send(server.wait());
+    });
+    let status = ended.recv_timeout(std::time::Duration::from_secs(20));
+    if status.is_err() {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    assert!(
+        status.is_ok(),
+        "the server still ran 20 s after its client went"
+    );
+}

@@ -560,14 +560,22 @@ impl Composer {
         now: DateTime<Utc>,
     ) {
         let mut reason = format!(
-            "Before you stop: {} request{} to you {} unanswered. Answer each one, or acknowledge it with `doorbell reply ID --from {} --state working \"…\"`:",
+            "Before you stop: {} request{} {} for your answer. Answer each one, or acknowledge it with `doorbell reply ID --from {} --state working \"…\"`:",
             pending.len(),
             if pending.len() == 1 { "" } else { "s" },
-            if pending.len() == 1 { "is" } else { "are" },
+            if pending.len() == 1 { "waits" } else { "wait" },
             agent,
         );
         for id in pending {
             let line = match owes.iter().find(|r| &r.id == id) {
+                // The agent's own request, on which the other side asked it something.
+                Some(r) if r.state == State::InputRequired => format!(
+                    "\n- {id}, your request to {}, which asks you a question ({}, {} ago): {}",
+                    r.creditor_station(),
+                    r.state,
+                    span(r.state_since, now),
+                    answer_command_from(r, Some(r.debtor_station()))
+                ),
                 Some(r) => format!(
                     "\n- {id} from {} ({}, {} ago): {}",
                     r.creditor_station(),

@@ -192,6 +192,11 @@ impl Doorbell {
     ) -> Result<CallToolResult, McpError> {
         self.call(move |agent, bridge| {
             check_text(&args.text)?;
+            if args.to.is_empty() {
+                return Err(crate::exit::refused(
+                    "`to` names no one: give at least one station, or \"all\"",
+                ));
+            }
             let view = view(bridge)?;
             let reply_by = match &args.reply_by {
                 Some(t) => Some(crate::send::parse_time(t, Utc::now())?),
@@ -452,7 +457,7 @@ pub fn run(session: Session, agent: &str) -> anyhow::Result<i32> {
         .enable_all()
         .build()
         .context("starting the MCP server's runtime")?;
-    runtime.block_on(async {
+    let served = runtime.block_on(async {
         let server = Doorbell::new(agent.to_owned(), session);
         let service = match server.serve(rmcp::transport::stdio_pipes()).await {
             Ok(service) => service,
@@ -464,5 +469,9 @@ pub fn run(session: Session, agent: &str) -> anyhow::Result<i32> {
         };
         service.waiting().await.context("serving MCP")?;
         Ok(crate::exit::OK)
-    })
+    });
+    // The client is gone: a call still running (a wait of up to ten minutes) has no one to
+    // answer, and is not waited for.
+    runtime.shutdown_background();
+    served
 }

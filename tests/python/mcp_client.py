@@ -75,6 +75,8 @@ async def main():
         seen["oversized"] = big.content[0].text
         wrong = await design.call_tool("send", {"to": "web"})
         expect(wrong.is_error, "bad arguments accepted")
+        nobody = await design.call_tool("send", {"to": [], "text": "to no one"})
+        expect(nobody.is_error, "a send to no one accepted")
         try:
             await design.call_tool("delete_everything", {})
             raise SystemExit("unknown tool accepted")
