@@ -665,3 +665,29 @@ fn a_question_on_the_agents_own_request_is_named_as_such_at_a_stop() {
         "{reason}"
     );
 }
+
+/// A Node harness may cut an emoji in two and send a lone surrogate escape in the prompt:
+/// doorbell reads only the fields it needs, so the agent still gets its mail.
+#[test]
+fn a_lone_surrogate_in_the_prompt_does_not_cost_the_agent_its_mail() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let id = asks(&bridge, "still there?");
+    let mut input: Value = serde_json::from_slice(&payload("claude", "UserPromptSubmit")).unwrap();
+    input["prompt"] = Value::from("PLACEHOLDER");
+    let text = input
+        .to_string()
+        .replace("PLACEHOLDER", r"half an emoji: \ud83d");
+    let run = hook(
+        &bridge,
+        "claude",
+        "UserPromptSubmit",
+        "web",
+        text.as_bytes(),
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let shown: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert!(
+        context("claude", "UserPromptSubmit", &shown).contains(&id),
+        "{shown}"
+    );
+}

@@ -20,7 +20,7 @@ use doorbell_store::cursor;
 use doorbell_store::view::envelope_of;
 use doorbell_store::Bridge;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::args::{Harness, HookArgs};
 use crate::output::printable;
@@ -192,6 +192,15 @@ struct Input {
     in_subagent: bool,
 }
 
+/// What doorbell reads of a harness's payload.
+#[derive(Deserialize)]
+struct Payload<'a> {
+    #[serde(borrow, default)]
+    hook_event_name: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    agent_id: Option<std::borrow::Cow<'a, str>>,
+}
+
 fn parse_input(harness: Harness, event: &str, input: &[u8]) -> anyhow::Result<Input> {
     let Some(moment) = moment(harness, event) else {
         bail!(
@@ -203,11 +212,17 @@ fn parse_input(harness: Harness, event: &str, input: &[u8]) -> anyhow::Result<In
     if input.iter().all(u8::is_ascii_whitespace) {
         bail!("the hook's input is empty: the harness sends one JSON object on stdin");
     }
-    let value: Value = serde_json::from_slice(input).context("the hook's input is not JSON")?;
-    let Some(object) = value.as_object() else {
-        bail!("the hook's input is not a JSON object");
+    // Only the fields doorbell reads are parsed: the rest (a prompt, a tool's output) is
+    // skipped unchecked, so a lone surrogate escape there (a Node harness cutting an emoji in
+    // two) does not cost the agent its mail.
+    let payload: Payload<'_> = match serde_json::from_slice(input) {
+        Ok(payload) => payload,
+        Err(e) if e.classify() == serde_json::error::Category::Data => {
+            bail!("the hook's input is not a JSON object of the harness's: {e}")
+        }
+        Err(e) => return Err(e).context("the hook's input is not JSON"),
     };
-    if let Some(named) = object.get("hook_event_name").and_then(Value::as_str) {
+    if let Some(named) = payload.hook_event_name.as_deref() {
         if named != event {
             bail!(
                 "the input is for '{}', but the hook was set up for '{event}': check the harness's hook configuration",
@@ -215,10 +230,7 @@ fn parse_input(harness: Harness, event: &str, input: &[u8]) -> anyhow::Result<In
             );
         }
     }
-    let in_subagent = object
-        .get("agent_id")
-        .and_then(Value::as_str)
-        .is_some_and(|id| !id.is_empty());
+    let in_subagent = payload.agent_id.is_some_and(|id| !id.is_empty());
     Ok(Input {
         moment,
         event: event.to_owned(),
