@@ -763,24 +763,12 @@ fn a_state_folder_restored_under_the_daemon_stops_it() {
     bridge.wait_for(patience, "one judged", |b| b.verdict_count() == 1);
     let state = bridge.dir().join(".doorbell");
     let backup = bridge.tmp.path().join("state-backup");
-    let copied = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(&state)
-        .arg(&backup)
-        .status()
-        .unwrap();
-    assert!(copied.success());
+    copy_folder(&state, &backup);
     let second = bridge.send("design", "web", "two");
     bridge.wait_for(patience, "two judged", |b| b.verdict_count() == 2);
     // The restore: the folder as it was, every file a new one.
     std::fs::remove_dir_all(&state).unwrap();
-    let restored = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(&backup)
-        .arg(&state)
-        .status()
-        .unwrap();
-    assert!(restored.success());
+    copy_folder(&backup, &state);
     let third = bridge.send("design", "web", "three");
     daemon.expect_stderr("was replaced while this judge ran", patience);
     assert_eq!(

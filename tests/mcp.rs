@@ -101,11 +101,70 @@ fn a_read_returns_what_a_harness_takes_and_leaves_the_rest_unread() {
     assert!(calls[0]["more"].as_u64().unwrap() > 0, "{}", calls[0]);
 }
 
+/// `doorbell mcp` spoken to in raw JSON-RPC lines, for what the SDK does not do on demand
+/// (a cancel at a chosen moment, a client that just goes): initialized on start.
+struct Raw {
+    server: std::process::Child,
+    to: Option<std::process::ChildStdin>,
+    from: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Raw {
+    fn start(bridge: &Bridge, agent: &str) -> Raw {
+        let mut command = bridge.command(&["mcp", "--agent", agent]);
+        command
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+        let mut server = command.spawn().unwrap();
+        let to = server.stdin.take();
+        let from = std::io::BufReader::new(server.stdout.take().unwrap());
+        let mut raw = Raw { server, to, from };
+        raw.say(
+            &serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "test", "version": "0"}}}),
+        );
+        raw.answer(0);
+        raw.say(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        raw
+    }
+
+    fn say(&mut self, message: &Value) {
+        use std::io::Write;
+        writeln!(self.to.as_mut().unwrap(), "{message}").unwrap();
+    }
+
+    /// Call `tool` as request `id` (answered later, by [`Raw::answer`]).
+    fn call(&mut self, id: u64, tool: &str, arguments: &Value) {
+        self.say(
+            &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments}}),
+        );
+    }
+
+    /// The answer to request `id`, skipping any other line.
+    fn answer(&mut self, id: u64) -> Value {
+        use std::io::BufRead;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                self.from.read_line(&mut line).unwrap() > 0,
+                "the server ended"
+            );
+            let value: Value = serde_json::from_str(&line).unwrap();
+            if value["id"] == id {
+                return value;
+            }
+        }
+    }
+}
+
 /// A `read` the client cancels (its user pressed Esc while another reader held the inbox)
 /// gets no answer, so nothing in it may count as read: the message stays unread.
 #[test]
 fn a_cancelled_read_leaves_the_messages_unread() {
-    use std::io::{BufRead, Write};
     let bridge = Bridge::with_agents(&["web", "design"]);
     let id = bridge.send("design", "web", "are you there?");
     // Another reader holds web's inbox.
@@ -113,109 +172,43 @@ fn a_cancelled_read_leaves_the_messages_unread() {
     std::fs::create_dir_all(&reads).unwrap();
     let lock = std::fs::File::create(reads.join("web.lock")).unwrap();
     lock.lock().unwrap();
-    let mut command = bridge.command(&["mcp", "--agent", "web"]);
-    command
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null());
-    let mut server = command.spawn().unwrap();
-    let mut to = server.stdin.take().unwrap();
-    let mut from = std::io::BufReader::new(server.stdout.take().unwrap());
-    let mut answer = |id: u64| -> Value {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            assert!(from.read_line(&mut line).unwrap() > 0, "the server ended");
-            let value: Value = serde_json::from_str(&line).unwrap();
-            if value["id"] == id {
-                return value;
-            }
-        }
-    };
-    let mut say = |message: Value| writeln!(to, "{message}").unwrap();
-    say(
-        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {},
-        "clientInfo": {"name": "test", "version": "0"}}}),
-    );
-    answer(1);
-    say(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
-    say(
-        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": {"name": "read", "arguments": {}}}),
-    );
-    say(
-        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+    let mut raw = Raw::start(&bridge, "web");
+    raw.call(2, "read", &serde_json::json!({}));
+    raw.say(
+        &serde_json::json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
         "params": {"requestId": 2, "reason": "the user pressed Esc"}}),
     );
     // Answered after the cancel was taken in: the read waits for the lock still.
-    say(
-        serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
-        "params": {"name": "status", "arguments": {}}}),
-    );
-    answer(3);
+    raw.call(3, "status", &serde_json::json!({}));
+    raw.answer(3);
     lock.unlock().unwrap();
     // The read ends (unanswered); then the message is still unread.
-    say(
-        serde_json::json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
-        "params": {"name": "read", "arguments": {}}}),
-    );
-    let again = answer(4);
+    raw.call(4, "read", &serde_json::json!({}));
+    let again = raw.answer(4);
     let messages = &again["result"]["structuredContent"]["messages"];
     assert_eq!(messages[0]["id"], id.as_str(), "{again}");
-    drop(to);
-    let _ = server.wait();
+    drop(raw.to.take());
+    let _ = raw.server.wait();
 }
 
 /// A client that goes away (its stdin closed) while a `wait` runs: the server ends at once,
 /// not when the wait would have (up to ten minutes later).
 #[test]
 fn the_server_ends_when_its_client_goes_during_a_wait() {
-    use std::io::{BufRead, Write};
     let bridge = Bridge::with_agents(&["web", "design"]);
     let asked = bridge.request("web", "design", "anyone?");
-    let mut command = bridge.command(&["mcp", "--agent", "web"]);
-    command
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null());
-    let mut server = command.spawn().unwrap();
-    let mut to = server.stdin.take().unwrap();
-    let mut from = std::io::BufReader::new(server.stdout.take().unwrap());
-    let say =
-        |to: &mut std::process::ChildStdin, message: Value| writeln!(to, "{message}").unwrap();
-    say(
-        &mut to,
-        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {},
-        "clientInfo": {"name": "test", "version": "0"}}}),
-    );
-    let mut line = String::new();
-    from.read_line(&mut line).unwrap();
-    say(
-        &mut to,
-        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-    );
-    say(
-        &mut to,
-        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": {"name": "wait", "arguments": {"ids": [asked], "timeout_secs": 120}}}),
+    let mut raw = Raw::start(&bridge, "web");
+    raw.call(
+        2,
+        "wait",
+        &serde_json::json!({"ids": [asked], "timeout_secs": 120}),
     );
     // The wait has begun once a later call is answered.
-    say(
-        &mut to,
-        serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
-        "params": {"name": "status", "arguments": {}}}),
-    );
-    loop {
-        line.clear();
-        assert!(from.read_line(&mut line).unwrap() > 0);
-        if serde_json::from_str::<Value>(&line).unwrap()["id"] == 3 {
-            break;
-        }
-    }
-    drop(to);
+    raw.call(3, "status", &serde_json::json!({}));
+    raw.answer(3);
+    drop(raw.to.take());
     let (tx, ended) = std::sync::mpsc::channel();
+    let mut server = raw.server;
     let pid = server.id();
     std::thread::spawn(move || {
         let _ = tx.send(server.wait());
