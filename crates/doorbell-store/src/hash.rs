@@ -48,28 +48,40 @@ pub struct Marker {
     pub tail_len: Option<u64>,
 }
 
-/// How many bytes before `offset` a new marker covers: back to the line break before the
-/// last line (included), at least [`TAIL_BYTES`] and at most [`MAX_TAIL_BYTES`].
-fn tail_len(file: &File, offset: u64) -> io::Result<u64> {
+/// How many bytes before `offset` a new marker covers, and their hash: back to the line break
+/// before the last line (included), at least [`TAIL_BYTES`] and at most [`MAX_TAIL_BYTES`].
+/// `None` when the file is shorter than `offset`. A last line inside the first read (4 KiB,
+/// ending at the offset) is hashed from that read: one read per marker, as over 32 bytes.
+fn tail(file: &File, offset: u64) -> io::Result<Option<(u64, u64)>> {
     let least = offset.min(TAIL_BYTES);
     let most = offset.min(MAX_TAIL_BYTES);
-    // The byte just before the offset ends the last line: the search starts before it.
-    let mut end = offset.saturating_sub(1);
     let mut buf = [0u8; 4096];
+    let mut end = offset;
     while end > offset - most {
         let start = end.saturating_sub(buf.len() as u64).max(offset - most);
         let want = usize::try_from(end - start).unwrap_or(buf.len());
-        let n = file.read_at(&mut buf[..want], start)?;
-        if n < want {
-            // Shorter than the offset: the hash says so.
-            return Ok(least);
+        if file.read_at(&mut buf[..want], start)? < want {
+            return Ok(None);
         }
-        if let Some(at) = buf[..want].iter().rposition(|&b| b == b'\n') {
-            return Ok((offset - (start + at as u64)).max(least));
+        // The byte just before the offset ends the last line: no break to stop at.
+        let search = if end == offset {
+            &buf[..want.saturating_sub(1)]
+        } else {
+            &buf[..want]
+        };
+        if let Some(at) = search.iter().rposition(|&b| b == b'\n') {
+            let len = (offset - (start + at as u64)).max(least);
+            let from = offset - len;
+            if end == offset && from >= start {
+                let kept = usize::try_from(from - start).unwrap_or(0);
+                return Ok(Some((len, xxhash_rust::xxh3::xxh3_64(&buf[kept..want]))));
+            }
+            return Ok(hash_range(file, from, len)?.map(|hash| (len, hash)));
         }
         end = start;
     }
-    Ok(most.max(least))
+    let len = most.max(least);
+    Ok(hash_range(file, offset - len, len)?.map(|hash| (len, hash)))
 }
 
 impl Marker {
@@ -101,9 +113,7 @@ impl Marker {
             Some((_, known)) => Some(known),
             None => hash_range(file, 0, head_len)?,
         };
-        let tail_len = tail_len(file, offset)?;
-        let (Some(head), Some(tail)) = (head, hash_range(file, offset - tail_len, tail_len)?)
-        else {
+        let (Some(head), Some((tail_len, tail))) = (head, tail(file, offset)?) else {
             return Ok(None);
         };
         Ok(Some(Marker {
@@ -164,10 +174,28 @@ mod tests {
         let end = text.len() as u64;
         let marker = Marker::of(&file, end).unwrap().unwrap();
         assert_eq!(marker.tail_len, Some(long.len() as u64 + 1));
+        let covered = long.len() as u64 + 1;
+        assert_eq!(
+            Some(marker.tail),
+            hash_range(&file, end - covered, covered).unwrap(),
+            "hashed from the read as over the range"
+        );
         assert!(marker.matches(&file, end).unwrap());
-        // A short last line: still 32 bytes at least.
+        // A file of one short line: all of it.
         let short = Marker::of(&file, 11).unwrap().unwrap();
         assert_eq!(short.tail_len, Some(11));
+        assert!(
+            Marker::of(&file, end + 1).unwrap().is_none(),
+            "past the end"
+        );
+        // A last line longer than one read (4 KiB) is found further back, and hashed whole.
+        let mut big = tempfile::tempfile().unwrap();
+        let line = format!("{{\"id\":\"D\",\"text\":\"{}\"}}\n", "z".repeat(10_000));
+        big.write_all(format!("x\n{line}").as_bytes()).unwrap();
+        let big_end = 2 + line.len() as u64;
+        let whole = Marker::of(&big, big_end).unwrap().unwrap();
+        assert_eq!(whole.tail_len, Some(line.len() as u64 + 1));
+        assert!(whole.matches(&big, big_end).unwrap());
         // The same length and text under another id is another file.
         let other = text.replace("\"B\"", "\"C\"");
         let mut copy = tempfile::tempfile().unwrap();
