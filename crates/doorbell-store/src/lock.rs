@@ -188,28 +188,28 @@ pub fn flock_holder(file: &File) -> Option<String> {
     })
 }
 
-/// The pid that holds the `FLOCK` on the file `id` (`MAJOR:MINOR:INODE` as `/proc/locks`
-/// writes it) in the text of `/proc/locks`; waiters (`->`) hold nothing.
-fn holder_in(locks: &str, id: &str) -> Option<u32> {
-    locks.lines().find_map(|line| {
+/// Each `FLOCK` held in the text of `/proc/locks`: its holder's pid and its file
+/// (`MAJOR:MINOR:INODE`); waiters (`->`) hold nothing.
+fn flocks(locks: &str) -> impl Iterator<Item = (u32, &str)> {
+    locks.lines().filter_map(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
         match fields.as_slice() {
-            [_, "FLOCK", _, _, pid, file, ..] if *file == id => pid.parse().ok(),
+            [_, "FLOCK", _, _, pid, file, ..] => Some((pid.parse().ok()?, *file)),
             _ => None,
         }
     })
 }
 
+/// The pid that holds the `FLOCK` on the file `id`.
+fn holder_in(locks: &str, id: &str) -> Option<u32> {
+    flocks(locks).find_map(|(pid, file)| (file == id).then_some(pid))
+}
+
 /// The pid that holds the only `FLOCK` on an inode numbered `ino`, on whatever device.
 fn only_holder_of_inode(locks: &str, ino: u64) -> Option<u32> {
     let suffix = format!(":{ino}");
-    let mut holders = locks.lines().filter_map(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        match fields.as_slice() {
-            [_, "FLOCK", _, _, pid, file, ..] if file.ends_with(&suffix) => pid.parse().ok(),
-            _ => None,
-        }
-    });
+    let mut holders =
+        flocks(locks).filter_map(|(pid, file)| file.ends_with(&suffix).then_some(pid));
     let first = holders.next()?;
     holders.next().is_none().then_some(first)
 }
