@@ -821,3 +821,73 @@ fn an_inbox_restored_and_written_on_to_the_same_length_is_not_taken_for_the_old(
         bridge.doorbell(&["show", id]).ok();
     }
 }
+
+/// Lines that name `id` in `agent`'s inbox: the notices that told of it.
+fn notices_naming(bridge: &Bridge, agent: &str, id: &str) -> usize {
+    bridge
+        .lines(agent)
+        .iter()
+        .filter(|l| String::from_utf8_lossy(l).contains(id))
+        .count()
+}
+
+/// An inbox restored to an older copy is read again as a new generation. Its refused lines
+/// are refused again, but their senders were told once already: a second notice for the same
+/// line at the same place would repeat a message. A new refusal after the restore is told.
+/// Judged by `daemon --once` runs (the first refusal saved in the index) and by one running
+/// daemon (the first refusal not saved yet when the restore is read).
+#[test]
+fn an_inbox_restored_to_an_older_copy_tells_no_sender_twice_of_the_same_refused_line() {
+    let patience = std::time::Duration::from_secs(20);
+    for live in [false, true] {
+        let bridge = Bridge::with_agents(&["web", "design", "human"]);
+        let daemon = live.then(|| crate::util::Daemon::start(&bridge, &[]));
+        let judge = |what: &str, done: &dyn Fn(&Bridge) -> bool| {
+            if live {
+                bridge.wait_for(patience, what, |b| done(b));
+            } else {
+                let once = bridge.doorbell(&["daemon", "--once"]);
+                assert_eq!(once.code, 0, "{once:?}");
+                assert!(done(&bridge), "{what}");
+            }
+        };
+        bridge.send("design", "web", "before the bad line");
+        let bad = line("01BADKINDBEFORETHEBACKUP", "design", "web", "gossip", "");
+        bridge.append_raw("web", format!("{bad}\n").as_bytes());
+        judge("the first refusal told", &|b| {
+            notices_naming(b, "design", "01BADKINDBEFORETHEBACKUP") == 1
+        });
+        let inbox = bridge.inbox("web");
+        let backup = bridge.tmp.path().join("web-inbox.backup");
+        std::fs::copy(&inbox, &backup).unwrap();
+        bridge.send("design", "web", "after the backup");
+        judge("the third line judged", &|b| {
+            b.verdicts().iter().filter(|v| v.0 == "web").count() == 3
+        });
+        // The restore as a backup tool does it: a new file renamed over the inbox.
+        let restored = bridge.dir().join(".web-inbox.jsonl.restore");
+        std::fs::copy(&backup, &restored).unwrap();
+        std::fs::rename(&restored, &inbox).unwrap();
+        let fresh = line("01BADKINDAFTERTHERESTORE", "design", "web", "gossip", "");
+        bridge.append_raw("web", format!("{fresh}\n").as_bytes());
+        judge("the new refusal told", &|b| {
+            notices_naming(b, "design", "01BADKINDAFTERTHERESTORE") == 1
+        });
+        assert_eq!(
+            notices_naming(&bridge, "design", "01BADKINDBEFORETHEBACKUP"),
+            1,
+            "live: {live}: told again of a line it was told of"
+        );
+        // Both refusals of the old line are on record, each in its generation.
+        let refused: Vec<_> = bridge
+            .journal()
+            .into_iter()
+            .filter(|r| r["v"] == "r" && r["id"] == "01BADKINDBEFORETHEBACKUP")
+            .map(|r| r["g"].as_u64().unwrap_or(0))
+            .collect();
+        assert_eq!(refused, [0, 1], "live: {live}: {refused:?}");
+        if let Some(daemon) = daemon {
+            daemon.kill();
+        }
+    }
+}

@@ -88,6 +88,10 @@ CREATE TABLE IF NOT EXISTS intents(id TEXT PRIMARY KEY, inbox TEXT NOT NULL, lin
 CREATE TABLE IF NOT EXISTS untold(key TEXT PRIMARY KEY, data TEXT NOT NULL, sum INTEGER NOT NULL) WITHOUT ROWID;
 ";
 
+/// Refusals by place, whatever their generation: a line read again after a restore is
+/// found by where it is (`Index::refused_before`).
+const OTHERS_BY_PLACE: &str = "CREATE INDEX IF NOT EXISTS others_by_place ON others(inbox, offset)";
+
 /// The writer's page cache between large saves.
 const SMALL_CACHE: &str = "PRAGMA cache_size = -4096";
 /// A save of at least this many rows (a catch-up's batch) gets [`LARGE_CACHE`].
@@ -874,6 +878,27 @@ impl Index {
         Ok(rows.into_iter().map(|r| r.offset).collect())
     }
 
+    /// Refused lines at `offset` of `inbox` in the generations before `gen`: what a line read
+    /// again after a restore was judged before. A read that fails reads as none and marks the
+    /// index failed, which the judge checks before it journals (see `failed_lookup`).
+    pub fn refused_before(&self, inbox: &str, gen: u32, offset: u64) -> Vec<OtherRow> {
+        let conn = self.conn();
+        let found = conn
+            .prepare_cached(
+                "SELECT inbox, gen, offset, span, verdict, seen_at, id, sender, reason, detail, sum \
+                 FROM others WHERE inbox = ?1 AND offset = ?2 AND gen < ?3 AND verdict = 'r'",
+            )
+            .and_then(|mut statement| {
+                statement
+                    .query_map(params![inbox, to_sql(offset), gen], other_row)?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+            });
+        found.unwrap_or_else(|error| {
+            self.lookup_failed(&error);
+            Vec::new()
+        })
+    }
+
     fn others_where(&self, query: &str, args: impl rusqlite::Params) -> Result<Vec<OtherRow>> {
         let conn = self.conn();
         let e = sql(&self.path);
@@ -1109,6 +1134,12 @@ impl IndexWriter {
             path: path.to_path_buf(),
         };
         writer.create_tables()?;
+        // Made at every open rather than in the schema: an index of this version made
+        // before it gets it once, with no rebuild.
+        writer
+            .conn
+            .execute_batch(OTHERS_BY_PLACE)
+            .map_err(sql(path))?;
         Ok(writer)
     }
 

@@ -348,6 +348,8 @@ pub struct Snapshot {
 struct Pending {
     messages: Vec<MessageRow>,
     others: Vec<OtherRow>,
+    /// Where each refusal of `others` is in it, by inbox and offset.
+    refused_at: HashMap<(String, u64), Vec<usize>>,
     own: Vec<String>,
     inboxes: BTreeSet<String>,
     intents: bool,
@@ -444,6 +446,37 @@ impl Snapshot {
             .others
             .iter()
             .filter(move |o| o.inbox == inbox && o.gen == gen)
+    }
+
+    /// Whether refusal `record` is of a line refused before: at the same place of an earlier
+    /// generation of its inbox, as long, with the same id and sender, for the same reason. So
+    /// it is when an inbox is restored from an older copy, or replaced by a copy of itself,
+    /// and read again from its start; its sender was told then (or could not be).
+    #[must_use]
+    pub fn refused_before(&self, record: &Record) -> bool {
+        if record.gen == 0 {
+            return false;
+        }
+        let same = |o: &OtherRow| {
+            !o.duplicate
+                && o.gen < record.gen
+                && o.span == record.span
+                && o.reason == record.reason
+                && o.id == record.id
+                && o.from == record.from
+        };
+        let unsaved = self
+            .pending
+            .refused_at
+            .get(&(record.inbox.clone(), record.offset))
+            .is_some_and(|at| at.iter().any(|&i| same(&self.pending.others[i])));
+        unsaved
+            || self.index.as_ref().is_some_and(|index| {
+                index
+                    .refused_before(&record.inbox, record.gen, record.offset)
+                    .iter()
+                    .any(same)
+            })
     }
 
     /// How many judged lines wait for the next save.
@@ -602,6 +635,13 @@ impl Snapshot {
                         },
                     );
                     self.pending.untold = true;
+                }
+                if record.verdict == Word::Refused {
+                    self.pending
+                        .refused_at
+                        .entry((record.inbox.clone(), record.offset))
+                        .or_default()
+                        .push(self.pending.others.len());
                 }
                 self.pending.others.push(OtherRow {
                     inbox: record.inbox,

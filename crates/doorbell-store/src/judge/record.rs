@@ -236,6 +236,10 @@ impl Judge {
                     .is_some_and(|f| self.inbox_names.contains(f) && !BUILTIN_LOOPS.contains(&f));
             record.id = id;
             record.from = from;
+            // A line read again after its inbox was restored: its sender heard of it once.
+            if record.tell && self.snapshot.refused_before(&record) {
+                record.tell = false;
+            }
         }
         record.line = accepted;
         // A verdict that rests on a lookup the index failed to answer is never journaled:
