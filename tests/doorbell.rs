@@ -312,6 +312,67 @@ fn an_unanswered_request_rings_twice_then_escalates_once_then_stays_quiet() {
     }
 }
 
+/// The debtor's inbox is locked by a hung process, so ring 1 cannot be written. No ring 2
+/// piles up behind it; when ring 2 was due, the human is told instead, with the truth: no
+/// ring written yet. Once the lock goes, ring 1 is written, ring 2 one interval after it,
+/// and nothing is escalated twice.
+#[test]
+fn rings_wait_for_the_ring_a_locked_inbox_has_not_got_and_do_not_pile_up() {
+    let bridge = bridge(&["web", "design", "ops", "human"]);
+    let config = config(&bridge, "1s", 1.0, 2);
+    let mut daemon = Daemon::start(&bridge, &["--config", &config]);
+    let id = request(&bridge, "design", "web", "the header colour?");
+    wait_accepted(&bridge, &id);
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .open(bridge.inbox("web"))
+        .unwrap();
+    held.lock().unwrap();
+    daemon.expect_stderr("another process holds this inbox's lock", PATIENCE);
+    let escalations = wait_notes(&bridge, "human", &id, 1);
+    let text = message(&bridge, "human", &escalations[0])["message"]["parts"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        text.contains("rang 0 times without an answer, and ring 1 could not be written"),
+        "{text}"
+    );
+    // A later request to ops, on the same schedule: by its escalation, the first request's
+    // ring 2 was due long ago, had ring 1 been counted as written.
+    let other = request(&bridge, "design", "ops", "the footer?");
+    wait_notes(&bridge, "human", &other, 1);
+    assert!(loop_notes(&bridge, "web", &id).is_empty());
+    assert_eq!(
+        intends_for(&bridge, &id),
+        2,
+        "ring 1 and the escalation: {}",
+        dump(&bridge)
+    );
+    drop(held);
+    let rings = wait_notes(&bridge, "web", &id, 2);
+    let hash = hash_of(&rings[0]);
+    assert_eq!(
+        rings,
+        [format!("ring:{hash}:0:1"), format!("ring:{hash}:0:2")],
+        "{}",
+        dump(&bridge)
+    );
+    let first = wait_accepted(&bridge, &rings[0]);
+    let second = wait_accepted(&bridge, &rings[1]);
+    assert!(
+        second - first >= 1000 - EARLY_MS,
+        "ring 2 {} ms after ring 1 was written",
+        second - first
+    );
+    // Nothing more for it: ops' next request rings twice and escalates meanwhile.
+    let third = request(&bridge, "design", "ops", "and the logo?");
+    wait_notes(&bridge, "human", &third, 1);
+    assert_eq!(loop_notes(&bridge, "human", &id), escalations);
+    assert_eq!(intends_for(&bridge, &id), 3, "{}", dump(&bridge));
+    assert_eq!(loop_notes(&bridge, "web", &id), rings);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Answers move the doorbell.
 

@@ -190,18 +190,32 @@ fn waiting(request: &Request) -> String {
     }
 }
 
-/// The escalation of `request` to the human station.
+/// The escalation of `request` to the human station. `held_back`: its last ring is not in
+/// the debtor's inbox yet (the inbox could not be written), so it is not counted as rung.
 #[must_use]
-pub fn escalation_note(request: &Request, human: &str, now: DateTime<Utc>) -> Notice {
+pub fn escalation_note(
+    request: &Request,
+    human: &str,
+    held_back: bool,
+    now: DateTime<Utc>,
+) -> Notice {
+    let rang = if held_back {
+        format!(
+            "rang {} times without an answer, and ring {} could not be written to its inbox yet",
+            request.rings - 1,
+            request.rings
+        )
+    } else {
+        format!("rang {} times without an answer", request.rings)
+    };
     let text = format!(
-        "doorbell: {} has owed {} an answer on {} ({}) for {}; rang {} times without an answer. \
+        "doorbell: {} has owed {} an answer on {} ({}) for {}; {rang}. \
          The debtor answers with: {}",
         request.debtor_station(),
         waiting(request),
         request.id,
         request.state,
         span(request.state_since, now),
-        request.rings,
         answer_command(request),
     );
     note(escalation_id(request), human, request, &text, now)

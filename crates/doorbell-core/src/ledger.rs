@@ -483,7 +483,25 @@ impl Ledger {
                     }
                 }
             }
-            Kind::Note => {}
+            Kind::Note => self.ring_arrived(&line, seen_at),
+        }
+    }
+
+    /// A note of the doorbell loop read back from the debtor's inbox: when it is the last
+    /// ring of its request's epoch, the next ring counts its interval from now, not from when
+    /// the ring was meant (a locked inbox can hold a ring back for long).
+    fn ring_arrived(&mut self, line: &Accepted, seen_at: DateTime<Utc>) {
+        if line.from != "debt-loop" || !line.id.starts_with("ring:") {
+            return;
+        }
+        let Some(request_id) = line.correlates_to.as_deref() else {
+            return;
+        };
+        let Some(Entry { request, .. }) = self.request_mut(request_id) else {
+            return;
+        };
+        if request.rings > 0 && crate::debts::ring_id(request, request.rings) == line.id {
+            request.last_ring_at = request.last_ring_at.max(Some(seen_at));
         }
     }
 

@@ -206,7 +206,10 @@ impl Sim {
                 ring_note(&request, n, self.schedule.max_rings, now),
                 request.debtor().to_owned(),
             ),
-            Due::Escalate => (escalation_note(&request, HUMAN, now), HUMAN.to_owned()),
+            Due::Escalate => (
+                escalation_note(&request, HUMAN, false, now),
+                HUMAN.to_owned(),
+            ),
         };
         let text = check_note(&request, due, &notice, &to, self.schedule.max_rings);
         // The judge journals the id, writes the line into the recipient's inbox, and then

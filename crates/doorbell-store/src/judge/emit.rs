@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
-use doorbell_core::debts::{escalation_note, next_due, ring_note, Due, Schedule};
+use doorbell_core::debts::{escalation_note, next_due, ring_id, ring_note, Due, Schedule};
 use doorbell_core::notice::{refusal_notice, RefusedLine, MAX_PER_NOTICE};
 
 use super::{CatchUp, Judge};
@@ -111,6 +111,17 @@ impl Judge {
             .filter(|r| r.is_open())
             .filter_map(|r| {
                 let (at, due) = next_due(r, &schedule, human)?;
+                // No ring behind one the debtor's inbox has not taken yet (another process
+                // holds its lock, a write fails): the human hears of it instead, once.
+                let due = match due {
+                    Due::Ring(_) if self.ring_held_back(r) => {
+                        if r.escalated || r.debtor() == human.as_str() {
+                            return None;
+                        }
+                        Due::Escalate
+                    }
+                    due => due,
+                };
                 let to = match due {
                     Due::Ring(_) => r.debtor_station(),
                     Due::Escalate => human.as_str(),
@@ -120,6 +131,15 @@ impl Judge {
                     .then(|| (r.id.clone(), at, due))
             })
             .collect()
+    }
+
+    /// Whether the last ring of `request`'s epoch is meant but not yet in the debtor's inbox.
+    fn ring_held_back(&self, request: &doorbell_core::Request) -> bool {
+        request.rings > 0
+            && self
+                .snapshot
+                .intents
+                .contains_key(&ring_id(request, request.rings))
     }
 
     /// When the doorbell next has something to ring or escalate, if ever. Without every
@@ -172,7 +192,10 @@ impl Judge {
                 .into_owned();
             let (notice, ring) = match due {
                 Due::Ring(n) => (ring_note(&request, n, max_rings, now), n),
-                Due::Escalate => (escalation_note(&request, &human, now), 0),
+                Due::Escalate => (
+                    escalation_note(&request, &human, self.ring_held_back(&request), now),
+                    0,
+                ),
             };
             let mut record = Record::new(&notice.to, 0, 0, Word::Intent, now.timestamp_millis());
             record.id = Some(notice.id);
