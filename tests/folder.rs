@@ -891,3 +891,44 @@ fn an_inbox_restored_to_an_older_copy_tells_no_sender_twice_of_the_same_refused_
         }
     }
 }
+
+/// `status` says when an inbox began a new generation, and when the file is shorter than
+/// what was judged of the one before: messages after the backup are gone from it, which a
+/// person should know rather than find in the daemon's log.
+#[test]
+fn status_says_an_inbox_was_restored_to_an_older_copy() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    bridge.send("design", "web", "kept by the backup");
+    let inbox = bridge.inbox("web");
+    let backup = bridge.tmp.path().join("web-inbox.backup");
+    std::fs::copy(&inbox, &backup).unwrap();
+    bridge.send("design", "web", "lost with the restore");
+    bridge.send("web", "design", "an answer");
+    assert_eq!(bridge.doorbell(&["daemon", "--once"]).code, 0);
+    let status = bridge.doorbell(&["status"]);
+    assert!(!status.stderr.contains("restored"), "{}", status.stderr);
+    let restored = bridge.dir().join(".web-inbox.jsonl.restore");
+    std::fs::copy(&backup, &restored).unwrap();
+    std::fs::rename(&restored, &inbox).unwrap();
+    assert_eq!(bridge.doorbell(&["daemon", "--once"]).code, 0);
+    let status = bridge.doorbell(&["status"]);
+    assert!(
+        status
+            .stderr
+            .contains("web's inbox was truncated, replaced or restored"),
+        "{}",
+        status.stderr
+    );
+    assert!(
+        status
+            .stderr
+            .contains("lines after the copy it was restored from are no longer in it"),
+        "{}",
+        status.stderr
+    );
+    assert!(
+        !status.stderr.contains("design's inbox was"),
+        "{}",
+        status.stderr
+    );
+}

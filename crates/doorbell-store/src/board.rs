@@ -89,6 +89,41 @@ fn unreachable(bridge: &crate::Bridge, name: &str) -> Option<String> {
     ))
 }
 
+/// How long `status` says that an inbox began a new generation.
+const NEW_GENERATION_SAID_FOR: chrono::Duration = chrono::Duration::days(7);
+
+/// What a person should know of an inbox that was truncated, replaced or restored in the last
+/// week: when, and whether the file is shorter than what was judged of the one before (an
+/// older copy: lines judged then, and perhaps not read, are no longer in it).
+fn new_generation(
+    bridge: &Bridge,
+    name: &str,
+    journal: &crate::journal::InboxJournal,
+    now: DateTime<Utc>,
+) -> Option<String> {
+    let since = DateTime::from_timestamp_millis(journal.since).filter(|_| journal.since > 0)?;
+    if journal.gen == 0 || now - since > NEW_GENERATION_SAID_FOR {
+        return None;
+    }
+    let mut text = format!(
+        "{name}'s inbox was truncated, replaced or restored {} ago: it was read again from its start, and lines judged before count as judged, not as new",
+        silent_for(since, now)
+    );
+    let judged_before = journal.earlier.last().map_or(0, |e| e.offset);
+    let length = bridge
+        .inbox_path(name)
+        .ok()
+        .and_then(|path| std::fs::metadata(path).ok())
+        .map_or(0, |meta| meta.len());
+    if length < judged_before {
+        let _ = write!(
+            text,
+            "; it is shorter than what was judged of the file before ({judged_before} bytes, now {length}): lines after the copy it was restored from are no longer in it, and their senders may have to send them again"
+        );
+    }
+    Some(text)
+}
+
 /// The bridge's status as `view` sees it.
 pub fn status(view: &mut View) -> Result<Status> {
     let bridge = view.bridge().clone();
@@ -124,6 +159,9 @@ pub fn status(view: &mut View) -> Result<Status> {
                 "{0}-inbox.jsonl is {other}'s inbox under another name (a hard link, or a rename): it is not judged; rename it back to {other}-inbox.jsonl, or give {0} an inbox of its own",
                 agent.name
             ));
+        }
+        if let Some(journal) = view.inboxes().get(&agent.name) {
+            warnings.extend(new_generation(&bridge, &agent.name, journal, Utc::now()));
         }
         // One inbox that cannot be read (its mode, a disk error) is said, not fatal.
         match view.unread(&agent.name) {

@@ -196,6 +196,10 @@ pub struct InboxJournal {
     /// When the judge last accepted a line here (milliseconds since the epoch).
     #[serde(default)]
     pub last_accepted_at: i64,
+    /// When this generation began (milliseconds since the epoch; 0 for the first, or one
+    /// journaled before this was kept).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub since: i64,
     /// The files of the last few generations before this one, each with its last mark:
     /// a hard link that outlives a replacement still holds one, and is known by it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -226,7 +230,7 @@ impl InboxJournal {
         }
     }
 
-    fn new_generation(&mut self, gen: u32, dev: u64, ino: u64) {
+    fn new_generation(&mut self, gen: u32, dev: u64, ino: u64, since: i64) {
         let mut earlier = std::mem::take(&mut self.earlier);
         if let Some((offset, marker)) = self.mark {
             earlier.push(EarlierFile {
@@ -244,6 +248,7 @@ impl InboxJournal {
             dev,
             ino,
             last_accepted_at: self.last_accepted_at,
+            since,
             earlier,
             ..InboxJournal::default()
         };
@@ -273,7 +278,7 @@ impl InboxJournal {
             Word::Mark => {
                 let (dev, ino) = (record.dev.unwrap_or(0), record.ino.unwrap_or(0));
                 if record.gen != self.gen {
-                    self.new_generation(record.gen, dev, ino);
+                    self.new_generation(record.gen, dev, ino, record.seen_at);
                 } else if record.dev.is_some() {
                     // A mark says which file the generation is in now: its first marks, and
                     // a later one for the same bytes under a new inode (a copied or restored
