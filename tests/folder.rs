@@ -932,3 +932,30 @@ fn status_says_an_inbox_was_restored_to_an_older_copy() {
         status.stderr
     );
 }
+
+/// A notice the start-up catch-up could not write, because another process held the
+/// sender's inbox lock, is written once the lock goes, with nothing else arriving to wake
+/// the judge.
+#[test]
+fn a_notice_held_back_at_start_up_is_written_when_the_lock_goes() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let bad = line("01BADATSTARTUP", "design", "web", "gossip", "");
+    bridge.append_raw("web", format!("{bad}\n").as_bytes());
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .open(bridge.inbox("design"))
+        .unwrap();
+    held.lock().unwrap();
+    let mut daemon = crate::util::Daemon::start(&bridge, &[]);
+    daemon.expect_stderr(
+        "another process holds this inbox's lock",
+        std::time::Duration::from_secs(30),
+    );
+    drop(held);
+    bridge.wait_for(
+        std::time::Duration::from_secs(20),
+        "design told of its refused line",
+        |b| notices_naming(b, "design", "01BADATSTARTUP") == 1,
+    );
+    daemon.kill();
+}

@@ -251,9 +251,15 @@ pub fn run(
     if judge.bridge().config.board {
         write_board(&judge);
     }
+    // What the catch-up could not write (an inbox another process holds locked) is tried
+    // again in a while, as after any step: nothing else may come to wake the judge.
+    let mut due = Deadlines::default();
+    if judge.has_untold() || judge.has_unwritten() {
+        due.notice = Some(Instant::now() + NOTICE_RETRY);
+    }
     *seat.lock() = Some(Judging {
         judge,
-        due: Deadlines::default(),
+        due,
         arrivals: arrivals.clone(),
         watchers,
         sleeps_until: None,
