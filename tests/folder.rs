@@ -959,3 +959,33 @@ fn a_notice_held_back_at_start_up_is_written_when_the_lock_goes() {
     );
     daemon.kill();
 }
+
+/// Only a refusal made before word for word goes untold after a new generation: a line at
+/// the same place with the same id but another fault is told, and so is any line without an
+/// id (a notice could not tell it from the earlier one).
+#[test]
+fn a_new_fault_at_the_same_place_after_a_truncation_is_told() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let gossip = line("01SAMEIDANOTHERFAULT", "design", "web", "gossip", "");
+    let idless = r#"{"from":"design","to":"web","kind":"note","text":"first"}"#;
+    bridge.append_raw("web", format!("{gossip}\n{idless}\n").as_bytes());
+    assert_eq!(bridge.doorbell(&["daemon", "--once"]).code, 0);
+    let told = |b: &Bridge| b.lines("design").len();
+    assert_eq!(told(&bridge), 1, "one notice for both refusals");
+    // The inbox emptied (`: > web-inbox.jsonl`), then lines as long as the first two, in
+    // the same places, each with a fault of its own.
+    std::fs::write(bridge.inbox("web"), b"").unwrap();
+    assert_eq!(bridge.doorbell(&["daemon", "--once"]).code, 0);
+    let other = line("01SAMEIDANOTHERFAULT", "design", "web", "notice", "");
+    let idless_too = r#"{"from":"design","to":"web","kind":"note","text":"other"}"#;
+    assert_eq!(other.len(), gossip.len());
+    assert_eq!(idless_too.len(), idless.len());
+    bridge.append_raw("web", format!("{other}\n{idless_too}\n").as_bytes());
+    let once = bridge.doorbell(&["daemon", "--once"]);
+    assert_eq!(once.code, 0, "{once:?}");
+    let notices = bridge.lines("design");
+    assert_eq!(notices.len(), 2, "a second notice");
+    let last = String::from_utf8_lossy(&notices[1]).into_owned();
+    assert!(last.contains("'notice'"), "{last}");
+    assert!(last.contains("2 lines"), "both refusals told: {last}");
+}

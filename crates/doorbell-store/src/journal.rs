@@ -453,13 +453,15 @@ impl Snapshot {
             .filter(move |o| o.inbox == inbox && o.gen == gen)
     }
 
-    /// Whether refusal `record` is of a line refused before: at the same place of an earlier
-    /// generation of its inbox, as long, with the same id and sender, for the same reason. So
-    /// it is when an inbox is restored from an older copy, or replaced by a copy of itself,
-    /// and read again from its start; its sender was told then (or could not be).
+    /// Whether refusal `record` was made before, word for word: a line at the same place of
+    /// an earlier generation of its inbox, as long, with the same id and sender, was refused
+    /// for the same reason with the same detail. So it is when an inbox is restored from an
+    /// older copy, or replaced by a copy of itself, and read again from its start: its sender
+    /// was told then (or could not be), and a notice now would say the same again. A line
+    /// without an id is never taken for an earlier one: a notice could not tell them apart.
     #[must_use]
     pub fn refused_before(&self, record: &Record) -> bool {
-        if record.gen == 0 {
+        if record.gen == 0 || record.id.is_none() {
             return false;
         }
         let same = |o: &OtherRow| {
@@ -467,6 +469,7 @@ impl Snapshot {
                 && o.gen < record.gen
                 && o.span == record.span
                 && o.reason == record.reason
+                && o.detail == record.detail
                 && o.id == record.id
                 && o.from == record.from
         };
