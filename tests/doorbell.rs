@@ -335,7 +335,7 @@ fn rings_wait_for_the_ring_a_locked_inbox_has_not_got_and_do_not_pile_up() {
         .unwrap()
         .to_owned();
     assert!(
-        text.contains("rang 0 times without an answer, and ring 1 could not be written"),
+        text.contains("has not been rung: ring 1 could not be written to its inbox yet"),
         "{text}"
     );
     // A later request to ops, on the same schedule: by its escalation, the first request's

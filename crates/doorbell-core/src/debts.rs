@@ -199,7 +199,9 @@ pub fn escalation_note(
     held_back: bool,
     now: DateTime<Utc>,
 ) -> Notice {
-    let rang = if held_back {
+    let rang = if held_back && request.rings <= 1 {
+        "has not been rung: ring 1 could not be written to its inbox yet".to_owned()
+    } else if held_back {
         format!(
             "rang {} times without an answer, and ring {} could not be written to its inbox yet",
             request.rings - 1,
