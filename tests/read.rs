@@ -406,3 +406,86 @@ fn a_read_behind_a_paused_watch_names_it_instead_of_hanging() {
         ""
     );
 }
+
+/// Whether process `pid` holds `path` open.
+fn holds_open(pid: u32, path: &std::path::Path) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == path))
+    })
+}
+
+/// A `read` waits for another reader's turn while the inbox is truncated in place and
+/// written again (`: >`, a restore with `cp`). It shows what the judge accepted in the new
+/// file, once: never a refused line, never old bytes, and it leaves the cursor on a line's
+/// start, so the next reader works.
+#[test]
+fn a_read_that_waited_while_the_inbox_was_rewritten_in_place_shows_only_the_new_messages() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let patience = std::time::Duration::from_secs(20);
+    let daemon = crate::util::Daemon::start(&bridge, &[]);
+    for n in 0..3 {
+        bridge.send("design", "web", &format!("old {n}"));
+    }
+    assert_eq!(bridge.read_json("web", &[]).len(), 3);
+    // Another reader's turn: the test holds web's reader lock.
+    let lock_path = std::fs::canonicalize(bridge.dir().join(".doorbell/reads/web.lock")).unwrap();
+    let lock = std::fs::File::open(&lock_path).unwrap();
+    lock.lock().unwrap();
+    let reader = bridge
+        .command(&["read", "web", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Nothing is written while it waits: its open lock file is looked for in /proc.
+    let deadline = std::time::Instant::now() + patience;
+    while !holds_open(reader.id(), &lock_path) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the read never waited for its turn"
+        );
+        std::thread::yield_now();
+    }
+    // Meanwhile the inbox is emptied in place and written again.
+    std::fs::write(bridge.inbox("web"), b"").unwrap();
+    let refused = line("01MISADDRESSEDNEWLINE", "design", "design", "note", "");
+    bridge.append_raw("web", format!("{refused}\n").as_bytes());
+    let new: Vec<String> = ["new A, a little longer than the others", "new B", "new C"]
+        .iter()
+        .map(|text| bridge.send("design", "web", text))
+        .collect();
+    bridge.wait_for(patience, "the new file judged", |b| {
+        b.journal()
+            .iter()
+            .filter(|r| r["in"] == "web" && r["g"] == 1 && r["v"] == "a")
+            .count()
+            == 3
+    });
+    drop(lock);
+    let out = reader.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let m: serde_json::Value = serde_json::from_str(l).unwrap();
+            m["envelope"]["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(shown, new, "the new messages, once");
+    // The cursor is on a line's start: the next reads work and show what comes next.
+    assert_eq!(bridge.doorbell(&["read", "web"]).ok(), "");
+    let later = bridge.send("design", "web", "later");
+    let read: Vec<_> = bridge
+        .read_json("web", &[])
+        .iter()
+        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(read, [later]);
+    daemon.kill();
+}

@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -366,10 +366,7 @@ fn frame_unread(
     let meta = inbox.metadata().context("stat inbox")?;
     let from = cursor::load(bridge, agent, &inbox)?.offset();
     let mut shown_to = None;
-    if let Some(mut journal) = view
-        .inbox(agent, from)?
-        .filter(|j| j.journal.dev == meta.dev() && j.journal.ino == meta.ino())
-    {
+    if let Some(mut journal) = view.inbox_of(agent, from, &inbox, &meta)? {
         let mut full = false;
         let end = journal.accepted_lines(&inbox, from, |offset, bytes| -> anyhow::Result<()> {
             let Some(envelope) = envelope_of(bytes) else {

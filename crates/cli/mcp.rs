@@ -3,7 +3,6 @@
 //! call is a tool error that says what to fix, and appends nothing. It speaks the
 //! 2025-11-25 lifecycle (`initialize`) and the 2026-07-28 one (`server/discover`).
 
-use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -328,19 +327,17 @@ fn read(
     cancelled: &dyn Fn() -> bool,
 ) -> anyhow::Result<Value> {
     let path = bridge.require_inbox(agent)?;
-    let view = view(bridge)?;
-    // Another reader of this agent (a paused `watch`) must not hang the tool call.
+    // Another reader of this agent (a paused `watch`) must not hang the tool call. The
+    // judge's picture is taken once the turn is ours (see `read`).
     let _reading = cursor::reading_within(bridge, agent, cursor::READER_WAIT)?;
+    let view = view(bridge)?;
     let inbox = open_inbox(&path, false)?;
     let meta = inbox.metadata().context("stat inbox")?;
     let from = cursor::load(bridge, agent, &inbox)?.offset();
     let mut messages = Vec::new();
     let mut more = 0usize;
     let mut to = None;
-    if let Some(mut journal) = view
-        .inbox(agent, from)?
-        .filter(|j| j.journal.dev == meta.dev() && j.journal.ino == meta.ino())
-    {
+    if let Some(mut journal) = view.inbox_of(agent, from, &inbox, &meta)? {
         let mut units = 0usize;
         let upto = journal.accepted_lines(&inbox, from, |offset, bytes| -> anyhow::Result<()> {
             if messages.len() == max || more > 0 {

@@ -5,7 +5,6 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use anyhow::Context;
@@ -124,21 +123,20 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
     }
     let bridge = session.bridge()?;
     let path = bridge.require_inbox(&args.agent)?;
-    let view = view(&bridge)?;
     // From the cursor's load to its move, no other reader of this agent runs; one that stays
-    // in its turn (a paused watch) is named rather than waited for without end.
+    // in its turn (a paused watch) is named rather than waited for without end. The judge's
+    // picture is taken once the turn is ours: one taken before the wait can be of bytes the
+    // inbox no longer holds.
     let _reading = (!args.peek)
         .then(|| cursor::reading_within(&bridge, &args.agent, cursor::READER_WAIT))
         .transpose()?;
+    let view = view(&bridge)?;
     let inbox = open_inbox(&path, false)?;
     let meta = inbox.metadata().context("stat inbox")?;
     let position = cursor::load(&bridge, &args.agent, &inbox)?;
     warn_replaced(&args.agent, position);
     let from = if args.all { 0 } else { position.offset() };
-    let Some(mut journal) = view
-        .inbox(&args.agent, from)?
-        .filter(|j| j.journal.dev == meta.dev() && j.journal.ino == meta.ino())
-    else {
+    let Some(mut journal) = view.inbox_of(&args.agent, from, &inbox, &meta)? else {
         // The judge has not seen this file yet: nothing in it is accepted.
         return Ok(OK);
     };

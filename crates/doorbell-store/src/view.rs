@@ -467,6 +467,21 @@ impl View {
         }))
     }
 
+    /// `agent`'s accepted lines from `from`, when this view is of `file` as it is now (see
+    /// [`InboxView::describes`]); `None` when the judge has not read this file, or not since
+    /// it was truncated or overwritten in place: nothing in it is known accepted yet.
+    pub fn inbox_of(
+        &self,
+        agent: &str,
+        from: u64,
+        file: &File,
+        meta: &std::fs::Metadata,
+    ) -> Result<Option<InboxView>> {
+        Ok(self
+            .inbox(agent, from)?
+            .filter(|inbox| inbox.describes(file, meta)))
+    }
+
     /// How many accepted lines wait past `agent`'s cursor.
     pub fn unread(&self, agent: &str) -> Result<u64> {
         let path = self.bridge.inbox_path(agent)?;
@@ -475,12 +490,9 @@ impl View {
             .metadata()
             .map_err(crate::Error::io("stat inbox", &path))?;
         let from = crate::cursor::load(&self.bridge, agent, &file)?.offset();
-        let Some(mut inbox) = self.inbox(agent, from)? else {
+        let Some(mut inbox) = self.inbox_of(agent, from, &file, &meta)? else {
             return Ok(0);
         };
-        if (meta.dev(), meta.ino()) != (inbox.journal.dev, inbox.journal.ino) {
-            return Ok(0);
-        }
         let mut count = 0;
         inbox.accepted_lines(&file, from, |_, _| -> Result<()> {
             count += 1;
@@ -639,6 +651,18 @@ pub struct InboxView {
 }
 
 impl InboxView {
+    /// Whether this picture of the inbox is of `file` as it is now: the same file (device
+    /// and inode) still holding the bytes the judge last marked. A file truncated or
+    /// overwritten in place since (`: >`, a restore with `cp`, a copytruncate rotation) is
+    /// not, until the judge reads it again: its offsets are no longer this picture's lines.
+    #[must_use]
+    pub fn describes(&self, file: &File, meta: &std::fs::Metadata) -> bool {
+        (meta.dev(), meta.ino()) == (self.journal.dev, self.journal.ino)
+            && self.journal.mark.is_none_or(|(offset, marker)| {
+                meta.len() >= offset && marker.matches(file, offset).unwrap_or(false)
+            })
+    }
+
     /// An inbox the judge has not seen yet: nothing in it is accepted.
     #[must_use]
     pub fn empty(agent: &str) -> InboxView {
