@@ -691,3 +691,33 @@ fn a_lone_surrogate_in_the_prompt_does_not_cost_the_agent_its_mail() {
         "{shown}"
     );
 }
+
+/// A blocked stop whose output never reaches the harness (it closed the pipe: a timeout,
+/// Esc) is not counted as said: the next stop for the same debts blocks and names them.
+#[test]
+fn a_block_the_harness_never_got_is_said_at_the_next_stop() {
+    use std::io::Write;
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let id = asks(&bridge, "ETA?");
+    let event = event("claude", "stop");
+    let mut child = bridge
+        .command(&["hook", event, "--agent", "web", "--harness", "claude"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The harness is gone before the hook answers.
+    drop(child.stdout.take());
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&payload("claude", event)).unwrap();
+    drop(stdin);
+    let gone = child.wait_with_output().unwrap();
+    assert_eq!(gone.status.code(), Some(1), "{gone:?}");
+    let reason = blocked(
+        "claude",
+        &at(&bridge, "claude", "stop", "web").expect("blocked at the next stop"),
+    );
+    assert!(reason.contains(&id), "{reason}");
+    assert_eq!(at(&bridge, "claude", "stop", "web"), None, "said once now");
+}

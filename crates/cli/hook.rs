@@ -101,7 +101,8 @@ pub fn run(dir: Option<&Path>, config: Option<&Path>, args: &HookArgs) -> i32 {
                 .and_then(|()| out.flush())
                 .is_err()
             {
-                // Nothing reached the harness: nothing counts as shown.
+                // Nothing reached the harness: nothing counts as shown or said.
+                output.unsaid();
                 return crate::exit::FAILURE;
             }
             match output.commit() {
@@ -131,10 +132,23 @@ struct Output {
     shown_to: Option<ShownTo>,
     state: HookState,
     state_path: PathBuf,
+    /// The state as it was before a block was saved ahead of its output: put back when the
+    /// output never reaches the harness.
+    unsaid: Option<HookState>,
     _lock: cursor::Reading,
 }
 
 impl Output {
+    /// The output never reached the harness (it closed the pipe: a timeout, Esc): a block
+    /// saved ahead of it is forgotten, so the next stop for the same debts says it.
+    fn unsaid(self) {
+        if let Some(before) = &self.unsaid {
+            if let Err(error) = before.save(&self.state_path) {
+                eprintln!("doorbell hook: {error:#}");
+            }
+        }
+    }
+
     /// The output reached the harness: move the cursor over what it showed and keep what it
     /// told.
     fn commit(self) -> anyhow::Result<()> {
@@ -260,6 +274,9 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
     let lock = cursor::reading_within(&bridge, &agent, cursor::READER_WAIT)?;
     let state_path = hooks.join(format!("{agent}.json"));
     let mut state = HookState::load(&state_path);
+    // What is remembered if this hook's output never reaches the harness.
+    let unsaid = state.clone();
+    let mut saved_before_said = false;
     let now = Utc::now();
     if input.moment == Moment::AfterTool {
         let every = i64::try_from(session.config.hook_every.as_millis()).unwrap_or(i64::MAX);
@@ -309,8 +326,10 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
             return finish(None, bridge, agent, None, state, state_path, lock);
         }
         // The block is remembered before it is said: a block that could not be remembered
-        // could be said again at every stop, and an agent must never be trapped.
+        // could be said again at every stop, and an agent must never be trapped. If it then
+        // never reaches the harness, it is forgotten again (`Output::unsaid`).
         state.save(&state_path)?;
+        saved_before_said = true;
     }
     let shown_to = frame_unread(&mut view, &bridge, &agent, &mut text, now)?;
     if text.left_out > 0 {
@@ -333,6 +352,7 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
     let mut output = finish(Some(json), bridge, agent, shown_to, state, state_path, lock)?;
     if let Some(output) = &mut output {
         output.via = format!("hook {} {}", harness_name(args.harness), input.event);
+        output.unsaid = saved_before_said.then_some(unsaid);
     }
     Ok(output)
 }
@@ -442,6 +462,7 @@ fn finish(
         shown_to,
         state,
         state_path,
+        unsaid: None,
         _lock: lock,
     };
     if output.json.is_empty() {
