@@ -128,3 +128,37 @@ fn wait_any_returns_at_the_first_answer_and_says_which() {
     assert_eq!(run.code, 124, "{run:?}");
     assert!(run.stderr.contains(&first), "{}", run.stderr);
 }
+
+/// `wait` on the id `send` just printed, while the daemon is stopped (SIGSTOP, a long
+/// catch-up): the request is in an inbox, not yet judged. The wait goes on to its answer or
+/// its timeout instead of calling the id unknown; an id in no inbox still is.
+#[test]
+fn wait_on_a_request_the_judge_has_not_read_yet_waits_for_it() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let daemon = crate::util::Daemon::start(&bridge, &[]);
+    daemon.signal("STOP");
+    let id = bridge.request("design", "web", "ETA?");
+    let run = bridge.doorbell(&["wait", &id, "--timeout", "3s"]);
+    assert_eq!(run.code, 124, "{run:?}");
+    assert!(
+        run.stderr.contains("timed out waiting for"),
+        "{}",
+        run.stderr
+    );
+    let unknown = bridge.doorbell(&["wait", "01NOSUCHREQUESTANYWHERE", "--timeout", "10s"]);
+    assert_eq!(unknown.code, 2, "{unknown:?}");
+    assert!(
+        unknown
+            .stderr
+            .contains("no request '01NOSUCHREQUESTANYWHERE'"),
+        "{}",
+        unknown.stderr
+    );
+    // Running again, the daemon judges it, and the wait sees the answer.
+    daemon.signal("CONT");
+    let waiter = spawn(&bridge, &["wait", &id, "--timeout", "60s"]);
+    bridge.reply(&id, "web", "completed", &[], "Friday");
+    let (code, _, stderr) = finish(waiter);
+    assert_eq!(code, 0, "{stderr}");
+    daemon.kill();
+}

@@ -41,6 +41,38 @@ pub enum Waited {
     TimedOut(Vec<String>),
 }
 
+/// How much of an inbox's unjudged tail is searched for an id; past it, the judge is far
+/// behind (a catch-up) and what is awaited is taken to be in what it has yet to read.
+const SEARCHED_UNJUDGED: u64 = 16 << 20;
+
+/// Whether one of `ids` may be in a line the judge has not read yet: an id found in the
+/// bytes past where judging stopped in some inbox, or a backlog too large to search.
+fn waiting_for_judge(bridge: &doorbell_store::Bridge, ids: &[&str]) -> anyhow::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let view = view(bridge)?;
+    for (name, journal) in view.inboxes() {
+        let Ok(file) = doorbell_store::append::open_inbox(&bridge.inbox_path(name)?, false) else {
+            continue;
+        };
+        let size = file.metadata()?.len();
+        let Some(behind) = size.checked_sub(journal.judged_to).filter(|b| *b > 0) else {
+            continue;
+        };
+        if behind > SEARCHED_UNJUDGED {
+            return Ok(true);
+        }
+        let mut tail = vec![0; usize::try_from(behind)?];
+        file.read_exact_at(&mut tail, journal.judged_to)?;
+        if ids
+            .iter()
+            .any(|id| memchr::memmem::find(&tail, id.as_bytes()).is_some())
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 pub fn run(session: &Session, args: &WaitArgs) -> anyhow::Result<i32> {
     let timeout = parse_duration(&args.timeout).map_err(|e| refused(format!("--timeout: {e}")))?;
     let bridge = session.bridge()?;
@@ -102,7 +134,7 @@ pub fn wait_for(
     let mut awaited = look(&view)?;
     let mut follower = view.updates();
     drop(view);
-    let grace = Instant::now() + GRACE;
+    let mut grace = Instant::now() + GRACE;
     loop {
         if let Some(answered) = settled(&awaited) {
             return Ok(Waited::Answered(answered));
@@ -112,11 +144,15 @@ pub fn wait_for(
             .filter(|(_, a)| a.known.is_none())
             .map(|(id, _)| id.as_str())
             .collect();
-        if !unknown.is_empty() && Instant::now() > grace {
+        if !unknown.is_empty() && Instant::now() > grace && !waiting_for_judge(bridge, &unknown)? {
             return Err(refused(format!(
                 "no request '{}' in the ledger (doorbell debts lists open ones)",
                 unknown.join("', '")
             )));
+        }
+        if Instant::now() > grace {
+            // Written and not judged yet (a busy or stopped daemon): look again later.
+            grace = Instant::now() + GRACE;
         }
         let wake_by = if unknown.is_empty() {
             deadline
