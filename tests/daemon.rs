@@ -1239,3 +1239,51 @@ fn watch_prints_a_line_written_while_a_passing_judge_held_the_lock() {
     drop(lock);
     assert_eq!(watch.next(PATIENCE), "01DURINGTHEHOLD");
 }
+
+/// Lines a strict parser refuses as `bad-json`, and a line over the length limit, still say
+/// plainly who sent them: each is refused, and its sender is told.
+#[test]
+fn a_sender_is_told_of_a_bad_json_or_too_long_line_whose_sender_is_readable() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let lines: Vec<(&str, String)> = vec![
+        (
+            "01DUPLICATEIDKEY",
+            r#"{"id":"01DUPLICATEIDKEY","id":"01DUPLICATEIDKEY","from":"design","to":"web","kind":"note","createdAt":"2026-11-29T10:00:00Z","message":{"role":"agent","parts":[{"type":"text","text":"x"}]}}"#.to_owned(),
+        ),
+        (
+            "01BYTEORDERMARK",
+            format!("\u{feff}{}", crate::util::line("01BYTEORDERMARK", "design", "web", "note", "")),
+        ),
+        (
+            "01RAWTABINSTRING",
+            crate::util::line("01RAWTABINSTRING", "design", "web", "note", "").replace(" from ", "\tfrom "),
+        ),
+        (
+            "01TWOOBJECTSGLUED",
+            format!(
+                "{}{}",
+                crate::util::line("01TWOOBJECTSGLUED", "design", "web", "note", ""),
+                crate::util::line("01THESECONDOBJECT", "design", "web", "note", "")
+            ),
+        ),
+        (
+            "01FARTOOLONGLINE",
+            crate::util::line("01FARTOOLONGLINE", "design", "web", "note", "")
+                .replace(" from design", &"y".repeat(2 << 20)),
+        ),
+    ];
+    for (_, line) in &lines {
+        bridge.append_raw("web", format!("{line}\n").as_bytes());
+    }
+    let once = bridge.doorbell(&["daemon", "--once"]);
+    assert_eq!(once.code, 0, "{once:?}");
+    let told: String = bridge
+        .lines("design")
+        .iter()
+        .map(|l| String::from_utf8_lossy(l).into_owned())
+        .collect();
+    for (id, _) in &lines {
+        assert_eq!(verdict_of(&bridge, "web", id).0, "r", "{id}");
+        assert!(told.contains(id), "design was not told of {id}: {told}");
+    }
+}

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use doorbell_core::{Limits, Refusal, RefusalReason, Verdict};
 
+use super::verdicts::identity_of;
 use super::{CatchUp, HeldLines, Judge};
 use crate::append::open_inbox;
 use crate::hash::Marker;
@@ -356,13 +357,15 @@ impl Judge {
                         RefusalReason::LineTooLong,
                         format!("{len} bytes, the limit is {}", self.limits.max_line_bytes),
                     );
+                    // Its sender is told: who it is, its first bytes say.
+                    let identity = Some(identity_of(&line_head(file, offset, len)));
                     self.record(
                         name,
                         gen,
                         offset,
                         len + 1,
                         &Verdict::Refused(refusal),
-                        None,
+                        identity,
                         None,
                         now,
                         stats,
@@ -515,5 +518,17 @@ impl Judge {
         self.journal.append(&record)?;
         self.snapshot.apply(record);
         Ok(())
+    }
+}
+
+/// How much of a line over the limit is read to find who sent it.
+const HEAD_OF_LONG_LINE: u64 = 64 << 10;
+
+/// The first bytes of the line of `len` bytes at `offset` (none when they cannot be read).
+fn line_head(file: &File, offset: u64, len: u64) -> Vec<u8> {
+    let mut head = vec![0; usize::try_from(len.min(HEAD_OF_LONG_LINE)).unwrap_or(0)];
+    match std::os::unix::fs::FileExt::read_exact_at(file, &mut head, offset) {
+        Ok(()) => head,
+        Err(_) => Vec::new(),
     }
 }

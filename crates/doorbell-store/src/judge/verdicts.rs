@@ -126,26 +126,114 @@ pub(super) fn turn_bucket(id: &str) -> String {
 }
 
 /// The id and sender a line claims, read as leniently as possible, for telling the sender
-/// about a line that could not be judged as an envelope.
+/// about a line that could not be judged as an envelope: as JSON when it parses, else from
+/// the first object's top-level `"id"` and `"from"` strings (a key written twice with two
+/// values names nobody). So a line refused as `bad-json` (a duplicate key, a byte-order mark,
+/// a raw tab in a string, two objects on one line) or over the length limit (its first
+/// bytes) is still told to its sender.
 pub(super) fn identity_of(bytes: &[u8]) -> (Option<String>, Option<String>) {
     #[derive(serde::Deserialize)]
     struct Claimed {
         id: Option<serde_json::Value>,
         from: Option<serde_json::Value>,
     }
-    let Ok(claimed) = serde_json::from_slice::<Claimed>(bytes.strip_suffix(b"\r").unwrap_or(bytes))
-    else {
-        return (None, None);
+    let line = bytes.strip_suffix(b"\r").unwrap_or(bytes);
+    let (id, from) = match serde_json::from_slice::<Claimed>(line) {
+        Ok(claimed) => (
+            claimed.id.and_then(|v| v.as_str().map(str::to_owned)),
+            claimed.from.and_then(|v| v.as_str().map(str::to_owned)),
+        ),
+        Err(_) => top_level_claims(line),
     };
-    let id = claimed
-        .id
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .filter(|id| doorbell_core::is_id(id));
-    let from = claimed
-        .from
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .filter(|f| is_agent_name(f));
-    (id, from)
+    (
+        id.filter(|id| doorbell_core::is_id(id)),
+        from.filter(|f| is_agent_name(f)),
+    )
+}
+
+/// The `"id"` and `"from"` strings at the top level of the first JSON object in `bytes`
+/// (which may be cut short), scanned without parsing the rest.
+fn top_level_claims(bytes: &[u8]) -> (Option<String>, Option<String>) {
+    let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
+    let (mut id, mut from): (Option<Option<String>>, Option<Option<String>>) = (None, None);
+    let mut depth = 0usize;
+    let mut at = 0usize;
+    // The last string read at depth 1, while a `:` may still make it a key.
+    let mut key: Option<std::ops::Range<usize>> = None;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'"' => {
+                let Some(end) = string_end(bytes, at) else {
+                    break;
+                };
+                if depth == 1 {
+                    key = Some(at..end);
+                }
+                at = end;
+                continue;
+            }
+            b':' if depth == 1 => {
+                if let Some(range) = key.take() {
+                    let value_at = skip_space(bytes, at + 1);
+                    let value = (bytes.get(value_at) == Some(&b'"'))
+                        .then(|| string_end(bytes, value_at))
+                        .flatten()
+                        .and_then(|end| json_string(&bytes[value_at..end]));
+                    let slot = match &bytes[range] {
+                        b"\"id\"" => &mut id,
+                        b"\"from\"" => &mut from,
+                        _ => &mut None,
+                    };
+                    *slot = match slot.take() {
+                        None => Some(value),
+                        Some(first) if first == value => Some(first),
+                        Some(_) => Some(None),
+                    };
+                }
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    break;
+                }
+            }
+            _ => {}
+        }
+        if !bytes[at].is_ascii_whitespace() && bytes[at] != b':' && bytes[at] != b'"' {
+            key = None;
+        }
+        at += 1;
+    }
+    (id.flatten(), from.flatten())
+}
+
+/// Where the JSON string starting at `start` (its opening quote) ends, past its closing quote.
+fn string_end(bytes: &[u8], start: usize) -> Option<usize> {
+    let mut at = start + 1;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'\\' => at += 2,
+            b'"' => return Some(at + 1),
+            _ => at += 1,
+        }
+    }
+    None
+}
+
+fn skip_space(bytes: &[u8], mut at: usize) -> usize {
+    while bytes.get(at).is_some_and(u8::is_ascii_whitespace) {
+        at += 1;
+    }
+    at
+}
+
+/// A quoted JSON string's text, leniently: escapes decoded where they are valid JSON.
+fn json_string(quoted: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(quoted).ok()?;
+    serde_json::from_str(text)
+        .ok()
+        .or_else(|| Some(text[1..text.len() - 1].to_owned()))
 }
 
 impl Judge {
@@ -503,5 +591,51 @@ impl Judge {
         self.journal.append(&record)?;
         self.snapshot.apply(record);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{identity_of, top_level_claims};
+
+    fn claims(line: &str) -> (Option<String>, Option<String>) {
+        top_level_claims(line.as_bytes())
+    }
+
+    #[test]
+    fn the_top_level_id_and_sender_are_read_from_what_does_not_parse() {
+        let some = |s: &str| Some(s.to_owned());
+        // A raw tab in a string, a trailing comma: not JSON, and still readable.
+        assert_eq!(
+            claims("{\"id\":\"a\",\"from\":\"design\",\"text\":\"\t\",}"),
+            (some("a"), some("design"))
+        );
+        // Nested keys are not the line's.
+        assert_eq!(
+            claims(r#"{"data":{"id":"x","from":"mallory"},"from":"design"}"#),
+            (None, some("design"))
+        );
+        // A key written twice with two values names nobody; with one value, that one.
+        assert_eq!(
+            claims(r#"{"from":"a","from":"b","id":"i","id":"i"}"#),
+            (some("i"), None)
+        );
+        // A quote escaped in a string is no end of it; a value that is no string is none.
+        assert_eq!(
+            claims(r#"{"text":"say \"from\": \"x\"","from":7,"id":"i"}"#),
+            (some("i"), None)
+        );
+        // The first object of two, and a line cut short.
+        assert_eq!(claims(r#"{"from":"a"}{"from":"b"}"#), (None, some("a")));
+        assert_eq!(claims(r#"{"from":"a","text":"yyyy"#), (None, some("a")));
+        assert_eq!(claims("\u{feff}{\"from\":\"a\"}"), (None, some("a")));
+        assert_eq!(claims(""), (None, None));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_give_an_answer_and_no_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let _ = identity_of(&bytes);
+        }
     }
 }
