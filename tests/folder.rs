@@ -989,3 +989,58 @@ fn a_new_fault_at_the_same_place_after_a_truncation_is_told() {
     assert!(last.contains("'notice'"), "{last}");
     assert!(last.contains("2 lines"), "both refusals told: {last}");
 }
+
+/// `status` says what no reader shows: an inbox whose last line has had no newline for a
+/// while, and an inbox locked by another process while the bridge's notices wait for it,
+/// naming the process.
+#[test]
+fn status_names_an_unfinished_line_and_a_lock_that_holds_notices_back() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let complete = line("01COMPLETELINE", "design", "web", "note", "");
+    bridge.append_raw("web", format!("{complete}\n").as_bytes());
+    let status = bridge.doorbell(&["status"]);
+    assert!(!status.stderr.contains("unfinished"), "{}", status.stderr);
+    let unfinished = line("01NONEWLINEYET", "design", "web", "note", "");
+    bridge.append_raw("web", unfinished.as_bytes());
+    // Just written: a writer may be between the bytes of its line.
+    let status = bridge.doorbell(&["status"]);
+    assert!(!status.stderr.contains("unfinished"), "{}", status.stderr);
+    let a_minute_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    std::fs::File::options()
+        .append(true)
+        .open(bridge.inbox("web"))
+        .unwrap()
+        .set_modified(a_minute_ago)
+        .unwrap();
+    let status = bridge.doorbell(&["status"]);
+    assert!(
+        status.stderr.contains(&format!(
+            "web's inbox ends in an unfinished line ({} bytes with no newline, last written 1 min",
+            unfinished.len()
+        )),
+        "{}",
+        status.stderr
+    );
+    // A refusal whose notice cannot go in: design's inbox is locked by this process.
+    let bad = line("01BADWHILELOCKED", "design", "human", "gossip", "");
+    bridge.append_raw("human", format!("{bad}\n").as_bytes());
+    let held = std::fs::File::open(bridge.inbox("design")).unwrap();
+    held.lock().unwrap();
+    assert_eq!(bridge.doorbell(&["daemon", "--once"]).code, 0);
+    let status = bridge.doorbell(&["status"]);
+    let holder = format!(
+        "design's inbox is locked by another process (pid {}",
+        std::process::id()
+    );
+    assert!(status.stderr.contains(&holder), "{}", status.stderr);
+    assert!(
+        status.stderr.contains("1 line the bridge wrote for it"),
+        "{}",
+        status.stderr
+    );
+    drop(held);
+    assert_eq!(bridge.doorbell(&["daemon", "--once"]).code, 0);
+    assert_eq!(notices_naming(&bridge, "design", "01BADWHILELOCKED"), 1);
+    let status = bridge.doorbell(&["status"]);
+    assert!(!status.stderr.contains("is locked"), "{}", status.stderr);
+}

@@ -124,6 +124,63 @@ fn new_generation(
     Some(text)
 }
 
+/// How long an inbox's last line may stay without its newline before `status` says so: a
+/// writer is seldom that slow between the bytes of one line.
+const UNFINISHED_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How far back from an inbox's end its unfinished line is looked for.
+const UNFINISHED_LOOKED_AT: u64 = 64 << 10;
+
+/// An inbox whose last bytes have had no newline for a while: a line no reader sees, nor
+/// the judge judges, until its writer ends it (or another line's writer does).
+fn unfinished_line(bridge: &Bridge, name: &str) -> Option<String> {
+    use std::os::unix::fs::FileExt;
+    let file = crate::append::open_inbox(&bridge.inbox_path(name).ok()?, false).ok()?;
+    let meta = file.metadata().ok()?;
+    let size = meta.len();
+    let idle = meta.modified().ok()?.elapsed().ok()?;
+    if size == 0 || idle < UNFINISHED_FOR {
+        return None;
+    }
+    let from = size.saturating_sub(UNFINISHED_LOOKED_AT);
+    let mut tail = vec![0; usize::try_from(size - from).ok()?];
+    file.read_exact_at(&mut tail, from).ok()?;
+    if tail.last() == Some(&b'\n') {
+        return None;
+    }
+    let bytes = match tail.iter().rposition(|&b| b == b'\n') {
+        Some(at) => format!("{} bytes", tail.len() - at - 1),
+        None if from == 0 => format!("{size} bytes"),
+        None => format!("more than {} KiB", UNFINISHED_LOOKED_AT >> 10),
+    };
+    Some(format!(
+        "{name}'s inbox ends in an unfinished line ({bytes} with no newline, last written {} ago): no one sees it until its writer ends it with a newline (`doorbell check {}` shows it)",
+        doorbell_core::trace::span(i64::try_from(idle.as_secs()).unwrap_or(i64::MAX)),
+        bridge.inbox_path(name).ok()?.display()
+    ))
+}
+
+/// An inbox that another process holds locked while lines the bridge wrote for it (notices,
+/// rings) wait to go in: who holds it, so a person can let it go.
+fn locked_with_lines_waiting(bridge: &Bridge, name: &str, waiting: usize) -> Option<String> {
+    if waiting == 0 {
+        return None;
+    }
+    let file = crate::append::open_inbox(&bridge.inbox_path(name).ok()?, false).ok()?;
+    match file.try_lock_shared() {
+        Ok(()) => {
+            let _ = file.unlock();
+            None
+        }
+        Err(std::fs::TryLockError::WouldBlock) => Some(format!(
+            "{name}'s inbox is locked by another process ({}): {waiting} line{} the bridge wrote for it (notices, rings) wait until it is let go, and senders to it are turned away",
+            crate::lock::flock_holder(&file).unwrap_or_else(|| "which, this process cannot see".to_owned()),
+            if waiting == 1 { "" } else { "s" }
+        )),
+        Err(std::fs::TryLockError::Error(_)) => None,
+    }
+}
+
 /// The bridge's status as `view` sees it.
 pub fn status(view: &mut View) -> Result<Status> {
     let bridge = view.bridge().clone();
@@ -163,6 +220,12 @@ pub fn status(view: &mut View) -> Result<Status> {
         if let Some(journal) = view.inboxes().get(&agent.name) {
             warnings.extend(new_generation(&bridge, &agent.name, journal, Utc::now()));
         }
+        warnings.extend(unfinished_line(&bridge, &agent.name));
+        warnings.extend(locked_with_lines_waiting(
+            &bridge,
+            &agent.name,
+            view.unwritten_for(&agent.name),
+        ));
         // One inbox that cannot be read (its mode, a disk error) is said, not fatal.
         match view.unread(&agent.name) {
             Ok(unread) => agent.unread = unread,

@@ -246,6 +246,17 @@ impl View {
         &self.snapshot.inboxes
     }
 
+    /// How many lines the judge means to write into `agent`'s inbox (notices, rings, report
+    /// notes) and has not found there yet.
+    #[must_use]
+    pub fn unwritten_for(&self, agent: &str) -> usize {
+        self.snapshot
+            .intents
+            .values()
+            .filter(|intent| intent.inbox == agent)
+            .count()
+    }
+
     /// Refused lines ever, by reason.
     #[must_use]
     pub fn refused(&self) -> &BTreeMap<RefusalReason, u64> {
