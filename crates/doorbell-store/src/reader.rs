@@ -4,7 +4,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 
 /// One complete line found in an inbox.
 #[derive(Debug, PartialEq, Eq)]
@@ -36,11 +36,32 @@ impl Line<'_> {
 
 const FIRST_BUFFER: usize = 256 * 1024;
 
+/// How many files' unended over-long lines a reader remembers.
+const UNENDED_KEPT: usize = 8;
+
+/// How many bytes before where an unended line was scanned to are checked again before the
+/// scan goes on from there: a file rewritten in place since is scanned from the start.
+const UNENDED_CHECKED: u64 = 256;
+
+/// A line over the limit that had no newline yet when a read reached the end of its file:
+/// where it starts, how far it was scanned, and a hash of the bytes just before that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Unended {
+    dev: u64,
+    ino: u64,
+    start: u64,
+    scanned_to: u64,
+    check: u64,
+}
+
 /// A reusable line reader with a buffer bounded by the line limit.
 #[derive(Debug)]
 pub struct LineReader {
     buf: Vec<u8>,
     max_line_bytes: usize,
+    /// Over-long lines without their end yet: a writer that grows one (or never ends it)
+    /// costs each read only its new bytes, not the whole line again.
+    unended: Vec<Unended>,
 }
 
 impl LineReader {
@@ -49,7 +70,56 @@ impl LineReader {
         Self {
             buf: Vec::new(),
             max_line_bytes,
+            unended: Vec::new(),
         }
+    }
+
+    /// Where a read of `file` from `start` may go on scanning an over-long line it left
+    /// unended, when the bytes before that are still the ones it scanned.
+    fn resume(&mut self, file: &File, start: u64) -> Option<u64> {
+        if self.unended.is_empty() {
+            return None;
+        }
+        let meta = file.metadata().ok()?;
+        let at = self
+            .unended
+            .iter()
+            .position(|u| (u.dev, u.ino) == (meta.dev(), meta.ino()))?;
+        let unended = self.unended.remove(at);
+        let from = unended
+            .scanned_to
+            .saturating_sub(UNENDED_CHECKED)
+            .max(start);
+        let same = unended.start == start
+            && meta.len() >= unended.scanned_to
+            && crate::hash::hash_range(file, from, unended.scanned_to - from)
+                .ok()
+                .flatten()
+                == Some(unended.check);
+        same.then_some(unended.scanned_to)
+    }
+
+    /// Remember that the over-long line of `file` at `start` has no end up to `scanned_to`.
+    fn leave_unended(&mut self, file: &File, start: u64, scanned_to: u64) {
+        let Ok(meta) = file.metadata() else {
+            return;
+        };
+        let from = scanned_to.saturating_sub(UNENDED_CHECKED).max(start);
+        let Ok(Some(check)) = crate::hash::hash_range(file, from, scanned_to - from) else {
+            return;
+        };
+        self.unended
+            .retain(|u| (u.dev, u.ino) != (meta.dev(), meta.ino()));
+        if self.unended.len() == UNENDED_KEPT {
+            self.unended.remove(0);
+        }
+        self.unended.push(Unended {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            start,
+            scanned_to,
+            check,
+        });
     }
 
     /// Call `each` for every complete line of `file` from `start` (which must be the start of
@@ -83,6 +153,10 @@ impl LineReader {
         let mut filled = 0; // bytes of buf in use
         let mut read_at = start;
         let mut skipping: Option<u64> = None; // bytes of an over-long line seen so far
+        if let Some(scanned_to) = self.resume(file, start) {
+            skipping = Some(scanned_to - start);
+            read_at = scanned_to;
+        }
         loop {
             if filled == self.buf.len() {
                 if self.buf.len() <= limit {
@@ -95,10 +169,16 @@ impl LineReader {
                 }
             }
             if known_end.is_some_and(|end| read_at >= end) {
+                if skipping.is_some() {
+                    self.leave_unended(file, line_start, read_at);
+                }
                 return Ok(line_start);
             }
             let n = file.read_at(&mut self.buf[filled..], read_at)?;
             if n == 0 {
+                if skipping.is_some() {
+                    self.leave_unended(file, line_start, read_at);
+                }
                 return Ok(line_start);
             }
             read_at += n as u64;
@@ -180,6 +260,60 @@ mod tests {
             })
             .unwrap();
         assert!(end >= 4 && seen.first() == Some(&0), "{seen:?} {end}");
+    }
+
+    /// A line over the limit that grows a little at a time: each read scans only what came
+    /// since, and the line is found whole, with its length, once it ends. A file restored to
+    /// an older copy meanwhile, and written on past where the scan stopped, is scanned from
+    /// the start again.
+    #[test]
+    fn an_unended_long_line_is_scanned_on_from_where_the_last_read_stopped() {
+        let mut file = tempfile::tempfile().unwrap();
+        let mut reader = LineReader::new(64);
+        let mut seen = Vec::new();
+        let mut read = |reader: &mut LineReader, file: &File| {
+            reader
+                .read::<io::Error>(file, 4, |line| {
+                    seen.push(match line {
+                        Line::Complete { offset, bytes } => {
+                            format!("{offset}:{}", String::from_utf8_lossy(bytes))
+                        }
+                        Line::TooLong { offset, len } => format!("{offset}:too-long {len}"),
+                    });
+                    Ok(())
+                })
+                .unwrap()
+        };
+        file.write_all(b"one\n").unwrap();
+        for _ in 0..10 {
+            file.write_all(&[b'x'; 1000]).unwrap();
+            assert_eq!(read(&mut reader, &file), 4);
+        }
+        assert_eq!(reader.unended.len(), 1);
+        assert_eq!(reader.unended[0].scanned_to, 10_004);
+        file.write_all(b"x\ntwo\n").unwrap();
+        assert_eq!(read(&mut reader, &file), 10_010);
+        assert!(reader.unended.is_empty());
+        // Again from byte 4, then restored to a copy with 2,000 of its bytes, and written on.
+        file.set_len(4).unwrap();
+        file.write_all_at(&[b'y'; 5000], 4).unwrap();
+        assert_eq!(read(&mut reader, &file), 4);
+        assert_eq!(reader.unended[0].scanned_to, 5004);
+        file.set_len(2004).unwrap();
+        let after = [&b"\nthree\n"[..], &[b'z'; 4000][..]].concat();
+        file.write_all_at(&after, 2004).unwrap();
+        assert_eq!(read(&mut reader, &file), 2011);
+        drop(read);
+        assert_eq!(
+            seen,
+            [
+                "4:too-long 10001",
+                "10006:two",
+                "4:too-long 2000",
+                "2005:three"
+            ],
+            "{seen:?}"
+        );
     }
 
     fn lines(content: &[u8], start: u64, max: usize) -> (Vec<String>, u64) {
