@@ -331,11 +331,11 @@ fn two_agents(rng: &mut Rng) -> (&'static str, &'static str) {
 /// One invalid line from station `from` in `to`'s inbox, and why it must be refused.
 fn invalid(rng: &mut Rng, id: &str, from: &str, to: &str) -> (String, &'static str, bool) {
     match rng.below(5) {
-        // A fragment: nobody can tell who sent it, so nobody is told.
+        // A fragment: not JSON, but it names its sender, who is told.
         0 => (
             format!(r#"{{"id":"{id}","from":"{from}","to":"{to}","kind":"note","#),
             "bad-json",
-            false,
+            true,
         ),
         1 => (
             format!(
