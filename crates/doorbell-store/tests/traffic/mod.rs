@@ -527,7 +527,8 @@ impl Gen {
             r#"{{"id":"{id}","from":"ci","to":"web","kind":"note","createdAt":"{}","message":{{"role":"agent","parts":[{{"type":"text","text":"build 8"#,
             rfc(at, "ci")
         );
-        self.refused("web", torn, "bad-json", None);
+        // Not JSON, but it names its sender, a station: ci is told.
+        self.refused("web", torn, "bad-json", Some("ci"));
         self.refused("ci", "deploy finished OK".into(), "bad-json", None);
         self.refused("design", "[1,2,3]".into(), "bad-json", None);
         self.refused("marketing", String::new(), "bad-json", None);
