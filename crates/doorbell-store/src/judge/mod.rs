@@ -49,6 +49,9 @@ use verdicts::{Held, HeldLines};
 /// fifth less memory than reading each inbox to its end in turn.
 const ROUND_BYTES: u64 = 1 << 20;
 
+/// How many times a catch-up reads back what it wrote and tells what that judged.
+const READ_BACK_ROUNDS: usize = 8;
+
 /// What reached one agent's inbox in a sweep: what its hook is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Arrival {
@@ -259,10 +262,21 @@ impl Judge {
         }
         let before = self.journal.len();
         let mut stats = self.sweep_all(now)?;
-        let targets = self.emit(now, &mut stats)?;
-        if !targets.is_empty() {
+        let mut targets = self.emit(now, &mut stats)?;
+        // Reading the notices back can find a refusal to tell in turn: a notice ends the
+        // fragment a dying writer left in its inbox, and a fragment that names its sender is
+        // told. Each round ends fragments, so a few are all there can be; what is left is
+        // told by the next judge.
+        for _ in 0..READ_BACK_ROUNDS {
+            if targets.is_empty() {
+                break;
+            }
             let again = self.sweep(&targets, now)?;
             stats.absorb(again);
+            if !self.has_untold() {
+                break;
+            }
+            targets = self.emit(now, &mut stats)?;
         }
         // Nothing journaled: nothing to make durable (a command's catch-up is mostly this).
         if self.journal.len() != before {
