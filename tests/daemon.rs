@@ -1287,3 +1287,47 @@ fn a_sender_is_told_of_a_bad_json_or_too_long_line_whose_sender_is_readable() {
         assert!(told.contains(id), "design was not told of {id}: {told}");
     }
 }
+
+/// A sender that repeats its mistake is told of the first refusal at once, then of the next
+/// ones together, one notice for the run, at least 5 s after the last: its inbox is not
+/// buried under one notice per line.
+#[test]
+fn a_sender_that_repeats_a_mistake_gets_one_notice_for_the_run() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let daemon = Daemon::start(&bridge, &[]);
+    let bad = |n: usize| {
+        crate::util::line(
+            &format!("01REPEATEDMISTAKE{n}"),
+            "design",
+            "web",
+            "gossip",
+            "",
+        )
+    };
+    bridge.append_raw("web", format!("{}\n", bad(0)).as_bytes());
+    bridge.wait_for(PATIENCE, "the first notice", |b| notices(b).len() == 1);
+    for n in 1..5 {
+        bridge.append_raw("web", format!("{}\n", bad(n)).as_bytes());
+        barrier(&bridge);
+    }
+    assert_eq!(notices(&bridge).len(), 1, "told again within the spacing");
+    bridge.wait_for(PATIENCE, "the second notice", |b| notices(b).len() == 2);
+    for n in 1..5 {
+        assert_eq!(
+            notices_naming(&bridge, &format!("01REPEATEDMISTAKE{n}")),
+            1,
+            "{n}"
+        );
+    }
+    let told: Vec<i64> = notices(&bridge)
+        .iter()
+        .map(|n| {
+            let at = n["createdAt"].as_str().unwrap();
+            chrono::DateTime::parse_from_rfc3339(at)
+                .unwrap()
+                .timestamp_millis()
+        })
+        .collect();
+    assert!(told[1] - told[0] >= 5000 - 100, "{told:?}");
+    daemon.kill();
+}

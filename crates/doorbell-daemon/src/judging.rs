@@ -20,6 +20,9 @@ use crate::Ready;
 const NOTICE_RETRY: Duration = Duration::from_secs(2);
 /// Refusals to one sender within this window share one notice.
 const NOTICE_WINDOW: Duration = Duration::from_millis(200);
+/// At least this long between two refusal notices to one sender: a bot that repeats its
+/// mistake every second gets one notice for each run of them, not one per line.
+const NOTICE_SPACING: Duration = Duration::from_secs(5);
 /// How long judged lines may wait for a checkpoint. The journal is the truth in between;
 /// the checkpoint (a save of what changed into the index) only shortens the replay of a
 /// restart or a reader. Saving less often writes fewer pages per message.
@@ -233,6 +236,7 @@ pub fn run(
     // on their own thread from the start, the start-up catch-up's included.
     judge.keep_open_in_memory()?;
     judge.save_in_background();
+    judge.space_notices(NOTICE_SPACING);
     // From here a new id is known new without a query, once the filter's read is done.
     judge.filter_ids()?;
     // Read every inbox to its end, and the journal, before emitting anything.
@@ -391,9 +395,9 @@ fn step(
         }
         *arrived = stats;
     }
-    if judge.has_untold() {
+    if let Some(at) = judge.untold_due(Utc::now()) {
         due.notice
-            .get_or_insert_with(|| Instant::now() + NOTICE_WINDOW);
+            .get_or_insert_with(|| Instant::now() + untold_wait(at));
     } else if judge.has_unwritten() {
         // A notice whose inbox another process holds locked: try again in a while.
         due.notice
@@ -410,6 +414,11 @@ fn step(
             // An inbox still locked by another process: try again in a while, and again,
             // until it is let go (nothing else may come to wake the judge).
             due.notice = Some(Instant::now() + NOTICE_RETRY);
+        }
+        if let Some(at) = judge.untold_due(Utc::now()) {
+            // A sender told a moment ago: the rest waits for the end of its spacing.
+            let at = Instant::now() + untold_wait(at);
+            due.notice = Some(due.notice.map_or(at, |retry| retry.min(at)));
         }
     }
     if due.board.is_some_and(|at| at <= now_instant) {
@@ -448,6 +457,15 @@ fn write_board(judge: &Judge) {
     if let Err(error) = doorbell_store::board::write(judge.bridge()) {
         tracing::warn!(%error, "could not write the board (STATUS.md)");
     }
+}
+
+/// How long from now until refusals due at `at` are told: never sooner than the window
+/// that gathers a burst into one notice.
+fn untold_wait(at: chrono::DateTime<Utc>) -> Duration {
+    (at - Utc::now())
+        .to_std()
+        .unwrap_or_default()
+        .max(NOTICE_WINDOW)
 }
 
 /// A write failed: say so plainly, and plan the retry.

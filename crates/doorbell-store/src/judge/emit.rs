@@ -31,8 +31,35 @@ impl Judge {
             .any(|id| !self.written.contains(id))
     }
 
+    /// Keep at least `every` between two refusal notices to one sender from now on: what
+    /// is refused meanwhile waits, and goes in the next notice.
+    pub fn space_notices(&mut self, every: std::time::Duration) {
+        self.notice_spacing = chrono::Duration::from_std(every).ok();
+    }
+
+    /// When the next refusal notice may be written: now when a sender waits who was not
+    /// told within the spacing, else when the first such spacing ends; `None` when no
+    /// refusal waits.
+    #[must_use]
+    pub fn untold_due(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.snapshot
+            .untold
+            .values()
+            .map(|line| self.may_tell_at(&line.from).max(now))
+            .min()
+    }
+
+    /// When `sender` may next be sent a refusal notice.
+    fn may_tell_at(&self, sender: &str) -> DateTime<Utc> {
+        match (self.notice_spacing, self.told_at.get(sender)) {
+            (Some(spacing), Some(told)) => *told + spacing,
+            _ => DateTime::<Utc>::MIN_UTC,
+        }
+    }
+
     /// Write what is due: intents never written (after a crash) and a notice for every
-    /// refusal not yet told, coalesced per sender. Returns the inboxes written to.
+    /// refusal not yet told, coalesced per sender (a sender told within the notice spacing
+    /// waits for its end). Returns the inboxes written to.
     pub fn emit(&mut self, now: DateTime<Utc>, stats: &mut CatchUp) -> Result<Vec<String>> {
         let mut targets = BTreeSet::new();
         let mut by_sender: BTreeMap<String, Vec<RefusedLine>> = BTreeMap::new();
@@ -42,7 +69,13 @@ impl Judge {
                 .or_default()
                 .push(line.clone());
         }
-        for (_, lines) in by_sender {
+        for (sender, lines) in by_sender {
+            if self.may_tell_at(&sender) > now {
+                continue;
+            }
+            if self.notice_spacing.is_some() {
+                self.told_at.insert(sender, now);
+            }
             for chunk in lines.chunks(MAX_PER_NOTICE) {
                 let notice = refusal_notice(chunk, now);
                 let mut record =

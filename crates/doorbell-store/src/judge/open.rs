@@ -330,6 +330,8 @@ impl Judge {
             readable_again: false,
             doubles: BTreeSet::new(),
             locked_inboxes: BTreeSet::new(),
+            notice_spacing: None,
+            told_at: HashMap::new(),
             bridge,
             lock,
             journal_path,
