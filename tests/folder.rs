@@ -341,21 +341,25 @@ fn rung_and_stopped(bridge: &Bridge) -> String {
         "the second notice",
         |b| notices(b) == 2,
     );
+    // The escalation and both notices read back and accepted: the kill interrupts nothing.
     bridge.wait_for(
         std::time::Duration::from_secs(20),
-        "a ring and an escalation, judged",
+        "a ring, an escalation and the notices, judged",
         |b| {
             let journal = std::fs::read_to_string(b.dir().join(".doorbell/journal.jsonl"))
                 .unwrap_or_default();
-            journal
+            let accepted: Vec<String> = journal
                 .lines()
                 .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .any(|r| {
-                    r["v"] == "a"
-                        && r["a"]["id"]
-                            .as_str()
-                            .is_some_and(|id| id.starts_with("escalation:"))
-                })
+                .filter(|r| r["v"] == "a")
+                .filter_map(|r| r["a"]["id"].as_str().map(str::to_owned))
+                .collect();
+            accepted.iter().any(|id| id.starts_with("escalation:"))
+                && accepted
+                    .iter()
+                    .filter(|id| id.starts_with("bridge:refused:"))
+                    .count()
+                    == 2
         },
     );
     daemon.kill();
