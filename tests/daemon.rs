@@ -1311,7 +1311,17 @@ fn a_sender_that_repeats_a_mistake_gets_one_notice_for_the_run() {
         barrier(&bridge);
     }
     assert_eq!(notices(&bridge).len(), 1, "told again within the spacing");
-    bridge.wait_for(PATIENCE, "the second notice", |b| notices(b).len() == 2);
+    // Another sender's mistake meanwhile is told at once, not with design's next notice.
+    let other = crate::util::line("01ANOTHERSENDER", "human", "web", "gossip", "");
+    bridge.append_raw("web", format!("{other}\n").as_bytes());
+    bridge.wait_for(PATIENCE, "human's notice", |b| notices(b).len() == 2);
+    assert_eq!(notices_naming(&bridge, "01ANOTHERSENDER"), 1);
+    assert_eq!(
+        notices_naming(&bridge, "01REPEATEDMISTAKE1"),
+        0,
+        "design's run still waits"
+    );
+    bridge.wait_for(PATIENCE, "the second notice", |b| notices(b).len() == 3);
     for n in 1..5 {
         assert_eq!(
             notices_naming(&bridge, &format!("01REPEATEDMISTAKE{n}")),
@@ -1321,6 +1331,7 @@ fn a_sender_that_repeats_a_mistake_gets_one_notice_for_the_run() {
     }
     let told: Vec<i64> = notices(&bridge)
         .iter()
+        .filter(|n| n["to"] == "design")
         .map(|n| {
             let at = n["createdAt"].as_str().unwrap();
             chrono::DateTime::parse_from_rfc3339(at)

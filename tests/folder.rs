@@ -1025,11 +1025,12 @@ fn status_names_an_unfinished_line_and_a_lock_that_holds_notices_back() {
         "{}",
         status.stderr
     );
-    // A refusal whose notice cannot go in: design's inbox is locked by this process.
+    // A refusal whose notice cannot go in: design's inbox is locked by this process (a
+    // shared lock is enough to keep a notice out).
     let bad = line("01BADWHILELOCKED", "design", "human", "gossip", "");
     bridge.append_raw("human", format!("{bad}\n").as_bytes());
     let held = std::fs::File::open(bridge.inbox("design")).unwrap();
-    held.lock().unwrap();
+    held.lock_shared().unwrap();
     assert_eq!(bridge.doorbell(&["daemon", "--once"]).code, 0);
     let status = bridge.doorbell(&["status"]);
     let holder = format!(

@@ -396,8 +396,9 @@ fn step(
         *arrived = stats;
     }
     if let Some(at) = judge.untold_due(Utc::now()) {
-        due.notice
-            .get_or_insert_with(|| Instant::now() + untold_wait(at));
+        // The earliest wins: a new sender is told within the window, whoever else waits.
+        let at = Instant::now() + untold_wait(at);
+        due.notice = Some(due.notice.map_or(at, |planned| planned.min(at)));
     } else if judge.has_unwritten() {
         // A notice whose inbox another process holds locked: try again in a while.
         due.notice

@@ -167,7 +167,8 @@ fn locked_with_lines_waiting(bridge: &Bridge, name: &str, waiting: usize) -> Opt
         return None;
     }
     let file = crate::append::open_inbox(&bridge.inbox_path(name).ok()?, false).ok()?;
-    match file.try_lock_shared() {
+    // A notice needs the lock to itself: a shared lock held elsewhere keeps it out too.
+    match file.try_lock() {
         Ok(()) => {
             let _ = file.unlock();
             None
