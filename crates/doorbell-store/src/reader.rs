@@ -44,14 +44,28 @@ const UNENDED_KEPT: usize = 8;
 const UNENDED_CHECKED: u64 = 256;
 
 /// A line over the limit that had no newline yet when a read reached the end of its file:
-/// where it starts, how far it was scanned, and a hash of the bytes just before that.
+/// where it starts, how far it was scanned, and a hash of its first bytes and of the bytes
+/// just before where the scan stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Unended {
     dev: u64,
     ino: u64,
     start: u64,
     scanned_to: u64,
-    check: u64,
+    check: (u64, u64),
+}
+
+/// The hashes an [`Unended`] line is known by: its first [`UNENDED_CHECKED`] bytes and the
+/// last ones before `scanned_to`.
+fn unended_check(file: &File, start: u64, scanned_to: u64) -> Option<(u64, u64)> {
+    let head = crate::hash::hash_range(file, start, UNENDED_CHECKED.min(scanned_to - start))
+        .ok()
+        .flatten()?;
+    let from = scanned_to.saturating_sub(UNENDED_CHECKED).max(start);
+    let tail = crate::hash::hash_range(file, from, scanned_to - from)
+        .ok()
+        .flatten()?;
+    Some((head, tail))
 }
 
 /// A reusable line reader with a buffer bounded by the line limit.
@@ -86,16 +100,9 @@ impl LineReader {
             .iter()
             .position(|u| (u.dev, u.ino) == (meta.dev(), meta.ino()))?;
         let unended = self.unended.remove(at);
-        let from = unended
-            .scanned_to
-            .saturating_sub(UNENDED_CHECKED)
-            .max(start);
         let same = unended.start == start
             && meta.len() >= unended.scanned_to
-            && crate::hash::hash_range(file, from, unended.scanned_to - from)
-                .ok()
-                .flatten()
-                == Some(unended.check);
+            && unended_check(file, start, unended.scanned_to) == Some(unended.check);
         same.then_some(unended.scanned_to)
     }
 
@@ -104,8 +111,7 @@ impl LineReader {
         let Ok(meta) = file.metadata() else {
             return;
         };
-        let from = scanned_to.saturating_sub(UNENDED_CHECKED).max(start);
-        let Ok(Some(check)) = crate::hash::hash_range(file, from, scanned_to - from) else {
+        let Some(check) = unended_check(file, start, scanned_to) else {
             return;
         };
         self.unended
@@ -271,9 +277,9 @@ mod tests {
         let mut file = tempfile::tempfile().unwrap();
         let mut reader = LineReader::new(64);
         let mut seen = Vec::new();
-        let mut read = |reader: &mut LineReader, file: &File| {
+        let mut read = |reader: &mut LineReader, file: &File, start: u64| {
             reader
-                .read::<io::Error>(file, 4, |line| {
+                .read::<io::Error>(file, start, |line| {
                     seen.push(match line {
                         Line::Complete { offset, bytes } => {
                             format!("{offset}:{}", String::from_utf8_lossy(bytes))
@@ -287,22 +293,28 @@ mod tests {
         file.write_all(b"one\n").unwrap();
         for _ in 0..10 {
             file.write_all(&[b'x'; 1000]).unwrap();
-            assert_eq!(read(&mut reader, &file), 4);
+            assert_eq!(read(&mut reader, &file, 4), 4);
         }
         assert_eq!(reader.unended.len(), 1);
         assert_eq!(reader.unended[0].scanned_to, 10_004);
         file.write_all(b"x\ntwo\n").unwrap();
-        assert_eq!(read(&mut reader, &file), 10_010);
+        assert_eq!(read(&mut reader, &file, 4), 10_010);
         assert!(reader.unended.is_empty());
         // Again from byte 4, then restored to a copy with 2,000 of its bytes, and written on.
         file.set_len(4).unwrap();
         file.write_all_at(&[b'y'; 5000], 4).unwrap();
-        assert_eq!(read(&mut reader, &file), 4);
+        assert_eq!(read(&mut reader, &file, 4), 4);
         assert_eq!(reader.unended[0].scanned_to, 5004);
         file.set_len(2004).unwrap();
         let after = [&b"\nthree\n"[..], &[b'z'; 4000][..]].concat();
         file.write_all_at(&after, 2004).unwrap();
-        assert_eq!(read(&mut reader, &file), 2011);
+        assert_eq!(read(&mut reader, &file, 4), 2011);
+        // Unended again, then a whole line written in place over its start.
+        file.write_all_at(&[b'w'; 5000], 2011).unwrap();
+        assert_eq!(read(&mut reader, &file, 2011), 2011);
+        file.write_all_at(b"over\n", 2011).unwrap();
+        file.write_all_at(b"\n", 7011).unwrap();
+        assert_eq!(read(&mut reader, &file, 2011), 7012);
         drop(read);
         assert_eq!(
             seen,
@@ -310,7 +322,9 @@ mod tests {
                 "4:too-long 10001",
                 "10006:two",
                 "4:too-long 2000",
-                "2005:three"
+                "2005:three",
+                "2011:over",
+                "2016:too-long 4995"
             ],
             "{seen:?}"
         );
