@@ -154,6 +154,13 @@ fn wait_on_a_request_the_judge_has_not_read_yet_waits_for_it() {
         "{}",
         unknown.stderr
     );
+    // An id only mentioned in a text not judged yet is no request on its way.
+    bridge.append_raw(
+        "web",
+        br#"{"from":"design","text":"about 01ONLYMENTIONED and"#,
+    );
+    let mentioned = bridge.doorbell(&["wait", "01ONLYMENTIONED", "--timeout", "10s"]);
+    assert_eq!(mentioned.code, 2, "{mentioned:?}");
     // Running again, the daemon judges it, and the wait sees the answer.
     daemon.signal("CONT");
     let waiter = spawn(&bridge, &["wait", &id, "--timeout", "60s"]);

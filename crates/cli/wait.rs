@@ -41,33 +41,56 @@ pub enum Waited {
     TimedOut(Vec<String>),
 }
 
-/// How much of an inbox's unjudged tail is searched for an id; past it, the judge is far
-/// behind (a catch-up) and what is awaited is taken to be in what it has yet to read.
-const SEARCHED_UNJUDGED: u64 = 16 << 20;
+/// How much of the inboxes' unjudged tails is searched for an id at most; past it, the judge
+/// is far behind (a catch-up) and what is awaited is taken to be in what it has yet to read.
+const SEARCHED_UNJUDGED: u64 = 256 << 20;
 
-/// Whether one of `ids` may be in a line the judge has not read yet: an id found in the
-/// bytes past where judging stopped in some inbox, or a backlog too large to search.
+/// How much of a tail is read at a time.
+const SEARCH_CHUNK: usize = 1 << 20;
+
+/// Whether one of `ids` may be in a line the judge has not read yet: found as a JSON string
+/// (`"ID"`) in the bytes past where judging stopped in some inbox, or a backlog too large to
+/// search.
 fn waiting_for_judge(bridge: &doorbell_store::Bridge, ids: &[&str]) -> anyhow::Result<bool> {
     use std::os::unix::fs::FileExt;
+    let quoted: Vec<Vec<u8>> = ids
+        .iter()
+        .map(|id| format!("\"{id}\"").into_bytes())
+        .collect();
+    let longest = quoted.iter().map(Vec::len).max().unwrap_or(0);
+    let mut budget = SEARCHED_UNJUDGED;
     let view = view(bridge)?;
     for (name, journal) in view.inboxes() {
         let Ok(file) = doorbell_store::append::open_inbox(&bridge.inbox_path(name)?, false) else {
             continue;
         };
         let size = file.metadata()?.len();
-        let Some(behind) = size.checked_sub(journal.judged_to).filter(|b| *b > 0) else {
-            continue;
-        };
-        if behind > SEARCHED_UNJUDGED {
-            return Ok(true);
-        }
-        let mut tail = vec![0; usize::try_from(behind)?];
-        file.read_exact_at(&mut tail, journal.judged_to)?;
-        if ids
-            .iter()
-            .any(|id| memchr::memmem::find(&tail, id.as_bytes()).is_some())
-        {
-            return Ok(true);
+        let mut at = journal.judged_to;
+        let mut chunk = vec![0; SEARCH_CHUNK];
+        while at < size {
+            if budget == 0 {
+                return Ok(true);
+            }
+            let want = usize::try_from((size - at).min(SEARCH_CHUNK as u64))?;
+            let n = file.read_at(&mut chunk[..want], at)?;
+            if n == 0 {
+                break;
+            }
+            let bytes = &chunk[..n];
+            if quoted
+                .iter()
+                .any(|q| memchr::memmem::find(bytes, q).is_some())
+            {
+                return Ok(true);
+            }
+            budget = budget.saturating_sub(n as u64);
+            // The next chunk starts a little back: an id across the two is found too.
+            let step = if at + (n as u64) < size {
+                n.saturating_sub(longest).max(1)
+            } else {
+                n
+            };
+            at += step as u64;
         }
     }
     Ok(false)
