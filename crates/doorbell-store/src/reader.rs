@@ -277,45 +277,46 @@ mod tests {
         let mut file = tempfile::tempfile().unwrap();
         let mut reader = LineReader::new(64);
         let mut seen = Vec::new();
-        let mut read = |reader: &mut LineReader, file: &File, start: u64| {
-            reader
-                .read::<io::Error>(file, start, |line| {
-                    seen.push(match line {
-                        Line::Complete { offset, bytes } => {
-                            format!("{offset}:{}", String::from_utf8_lossy(bytes))
-                        }
-                        Line::TooLong { offset, len } => format!("{offset}:too-long {len}"),
-                    });
-                    Ok(())
-                })
-                .unwrap()
-        };
-        file.write_all(b"one\n").unwrap();
-        for _ in 0..10 {
-            file.write_all(&[b'x'; 1000]).unwrap();
+        {
+            let mut read = |reader: &mut LineReader, file: &File, start: u64| {
+                reader
+                    .read::<io::Error>(file, start, |line| {
+                        seen.push(match line {
+                            Line::Complete { offset, bytes } => {
+                                format!("{offset}:{}", String::from_utf8_lossy(bytes))
+                            }
+                            Line::TooLong { offset, len } => format!("{offset}:too-long {len}"),
+                        });
+                        Ok(())
+                    })
+                    .unwrap()
+            };
+            file.write_all(b"one\n").unwrap();
+            for _ in 0..10 {
+                file.write_all(&[b'x'; 1000]).unwrap();
+                assert_eq!(read(&mut reader, &file, 4), 4);
+            }
+            assert_eq!(reader.unended.len(), 1);
+            assert_eq!(reader.unended[0].scanned_to, 10_004);
+            file.write_all(b"x\ntwo\n").unwrap();
+            assert_eq!(read(&mut reader, &file, 4), 10_010);
+            assert!(reader.unended.is_empty());
+            // Again from byte 4, then restored to a copy with 2,000 of its bytes, and written on.
+            file.set_len(4).unwrap();
+            file.write_all_at(&[b'y'; 5000], 4).unwrap();
             assert_eq!(read(&mut reader, &file, 4), 4);
+            assert_eq!(reader.unended[0].scanned_to, 5004);
+            file.set_len(2004).unwrap();
+            let after = [&b"\nthree\n"[..], &[b'z'; 4000][..]].concat();
+            file.write_all_at(&after, 2004).unwrap();
+            assert_eq!(read(&mut reader, &file, 4), 2011);
+            // Unended again, then a whole line written in place over its start.
+            file.write_all_at(&[b'w'; 5000], 2011).unwrap();
+            assert_eq!(read(&mut reader, &file, 2011), 2011);
+            file.write_all_at(b"over\n", 2011).unwrap();
+            file.write_all_at(b"\n", 7011).unwrap();
+            assert_eq!(read(&mut reader, &file, 2011), 7012);
         }
-        assert_eq!(reader.unended.len(), 1);
-        assert_eq!(reader.unended[0].scanned_to, 10_004);
-        file.write_all(b"x\ntwo\n").unwrap();
-        assert_eq!(read(&mut reader, &file, 4), 10_010);
-        assert!(reader.unended.is_empty());
-        // Again from byte 4, then restored to a copy with 2,000 of its bytes, and written on.
-        file.set_len(4).unwrap();
-        file.write_all_at(&[b'y'; 5000], 4).unwrap();
-        assert_eq!(read(&mut reader, &file, 4), 4);
-        assert_eq!(reader.unended[0].scanned_to, 5004);
-        file.set_len(2004).unwrap();
-        let after = [&b"\nthree\n"[..], &[b'z'; 4000][..]].concat();
-        file.write_all_at(&after, 2004).unwrap();
-        assert_eq!(read(&mut reader, &file, 4), 2011);
-        // Unended again, then a whole line written in place over its start.
-        file.write_all_at(&[b'w'; 5000], 2011).unwrap();
-        assert_eq!(read(&mut reader, &file, 2011), 2011);
-        file.write_all_at(b"over\n", 2011).unwrap();
-        file.write_all_at(b"\n", 7011).unwrap();
-        assert_eq!(read(&mut reader, &file, 2011), 7012);
-        drop(read);
         assert_eq!(
             seen,
             [
