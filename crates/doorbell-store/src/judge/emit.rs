@@ -45,14 +45,16 @@ impl Judge {
         self.snapshot
             .untold
             .values()
-            .map(|line| self.may_tell_at(&line.from).max(now))
+            .map(|line| self.may_tell_at(&line.from, now).max(now))
             .min()
     }
 
-    /// When `sender` may next be sent a refusal notice.
-    fn may_tell_at(&self, sender: &str) -> DateTime<Utc> {
+    /// When `sender` may next be sent a refusal notice, as of `now`. A notice dated after
+    /// `now` (the clock was set back) counts as sent now: the wait is never longer than the
+    /// spacing.
+    fn may_tell_at(&self, sender: &str, now: DateTime<Utc>) -> DateTime<Utc> {
         match (self.notice_spacing, self.told_at.get(sender)) {
-            (Some(spacing), Some(told)) => *told + spacing,
+            (Some(spacing), Some(told)) => (*told).min(now) + spacing,
             _ => DateTime::<Utc>::MIN_UTC,
         }
     }
@@ -70,7 +72,7 @@ impl Judge {
                 .push(line.clone());
         }
         for (sender, lines) in by_sender {
-            if self.may_tell_at(&sender) > now {
+            if self.may_tell_at(&sender, now) > now {
                 continue;
             }
             if self.notice_spacing.is_some() {
