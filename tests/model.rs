@@ -46,8 +46,13 @@ const PATIENCE: Duration = Duration::from_secs(60);
 const STRICT_MAX_LINE: usize = 1000;
 const LONG_TEXT: usize = 1200;
 
-const PLAIN_CONFIG: &str = "# every setting at its default\n";
-const STRICT_CONFIG: &str = "max_line_bytes = 1000\n\n[[loop]]\nname = \"ci-loop\"\n";
+/// Notices unspaced: the model settles after every step, and a spacing would make each
+/// settle wait for it (`daemon::a_sender_that_repeats_a_mistake_gets_one_notice_for_the_run`
+/// tests the spacing).
+const PLAIN_CONFIG: &str =
+    "# every setting at its default but the notices' spacing\nnotice_every = \"0s\"\n";
+const STRICT_CONFIG: &str =
+    "max_line_bytes = 1000\nnotice_every = \"0s\"\n\n[[loop]]\nname = \"ci-loop\"\n";
 const BROKEN_CONFIG: &str = "max_line_bytes = \"lots\"\n";
 
 // ---------------------------------------------------------------------------------------------

@@ -20,9 +20,6 @@ use crate::Ready;
 const NOTICE_RETRY: Duration = Duration::from_secs(2);
 /// Refusals to one sender within this window share one notice.
 const NOTICE_WINDOW: Duration = Duration::from_millis(200);
-/// At least this long between two refusal notices to one sender: a bot that repeats its
-/// mistake every second gets one notice for each run of them, not one per line.
-const NOTICE_SPACING: Duration = Duration::from_secs(5);
 /// How long judged lines may wait for a checkpoint. The journal is the truth in between;
 /// the checkpoint (a save of what changed into the index) only shortens the replay of a
 /// restart or a reader. Saving less often writes fewer pages per message.
@@ -236,7 +233,8 @@ pub fn run(
     // on their own thread from the start, the start-up catch-up's included.
     judge.keep_open_in_memory()?;
     judge.save_in_background();
-    judge.space_notices(NOTICE_SPACING);
+    // A bot that repeats its mistake every second gets one notice for each run of them.
+    judge.space_notices();
     // From here a new id is known new without a query, once the filter's read is done.
     judge.filter_ids()?;
     // Read every inbox to its end, and the journal, before emitting anything.

@@ -102,6 +102,9 @@ pub struct Config {
     pub board: bool,
     /// After a tool call, a hook speaks at most this often (DESIGN §10).
     pub hook_every: Duration,
+    /// A running daemon sends one sender at most one refusal notice this often (zero: as
+    /// often as it refuses, 200 ms apart).
+    pub notice_every: Duration,
     /// The most a hook puts in an agent's context at once, in characters.
     pub hook_max_chars: usize,
     /// Where the daemon serves the A2A gateway (`[a2a] listen`), when it does.
@@ -122,6 +125,7 @@ impl Default for Config {
             debts: Debts::default(),
             board: false,
             hook_every: Duration::from_secs(30),
+            notice_every: Duration::from_secs(5),
             hook_max_chars: 4000,
             a2a_listen: None,
             remotes: Vec::new(),
@@ -138,6 +142,7 @@ struct ConfigFile {
     board: Option<bool>,
     hook_every: Option<String>,
     hook_max_chars: Option<usize>,
+    notice_every: Option<String>,
     #[serde(default)]
     agent: Vec<AgentConfig>,
     #[serde(default, rename = "loop")]
@@ -323,6 +328,10 @@ impl Config {
         }
         config.board = file.board.unwrap_or(false);
         hooks(file.hook_every.as_deref(), file.hook_max_chars, &mut config).map_err(bad)?;
+        if let Some(every) = file.notice_every.as_deref() {
+            config.notice_every =
+                parse_duration(every).map_err(|e| bad(format!("key 'notice_every': {e}")))?;
+        }
         config.agents = file.agent;
         config.loops = file.loops.into_iter().map(|l| l.name).collect();
         if let Some(debts) = file.debts {

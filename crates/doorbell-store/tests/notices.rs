@@ -1,8 +1,6 @@
 //! Refusal notices spaced per sender (a long-running judge's): held back at most the
 //! spacing, whatever the clock does.
 
-use std::time::Duration;
-
 use chrono::Utc;
 use doorbell_store::append::append_line;
 use doorbell_store::judge::CatchUp;
@@ -15,7 +13,7 @@ fn bad(id: &str) -> String {
 }
 
 /// The clock set back an hour after a notice: the next one to the same sender waits the
-/// spacing from now, not an hour and the spacing.
+/// spacing (`notice_every`, 5 s by default) from now, not an hour and the spacing.
 #[test]
 fn a_clock_set_back_holds_a_notice_no_longer_than_the_spacing() {
     let dir = tempfile::tempdir().unwrap();
@@ -26,7 +24,7 @@ fn a_clock_set_back_holds_a_notice_no_longer_than_the_spacing() {
     let path = bridge.inbox_path("web").unwrap();
     let lock = BridgeLock::acquire(&bridge, "test").unwrap();
     let mut judge = Judge::open(bridge, lock).unwrap();
-    judge.space_notices(Duration::from_secs(5));
+    judge.space_notices();
     let now = Utc::now();
     append_line(&path, bad("01FIRSTMISTAKE").as_bytes()).unwrap();
     judge.sweep_all(now).unwrap();

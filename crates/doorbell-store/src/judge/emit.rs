@@ -31,10 +31,17 @@ impl Judge {
             .any(|id| !self.written.contains(id))
     }
 
-    /// Keep at least `every` between two refusal notices to one sender from now on: what
-    /// is refused meanwhile waits, and goes in the next notice.
-    pub fn space_notices(&mut self, every: std::time::Duration) {
-        self.notice_spacing = chrono::Duration::from_std(every).ok();
+    /// Keep the config's `notice_every` between two refusal notices to one sender from now
+    /// on: what is refused meanwhile waits, and goes in the next notice.
+    pub fn space_notices(&mut self) {
+        self.spaced = true;
+    }
+
+    /// The time between two notices to one sender, when they are spaced.
+    fn notice_spacing(&self) -> Option<chrono::Duration> {
+        chrono::Duration::from_std(self.bridge.config.notice_every)
+            .ok()
+            .filter(|every| self.spaced && !every.is_zero())
     }
 
     /// When the next refusal notice may be written: now when a sender waits who was not
@@ -53,7 +60,7 @@ impl Judge {
     /// `now` (the clock was set back) counts as sent now: the wait is never longer than the
     /// spacing.
     fn may_tell_at(&self, sender: &str, now: DateTime<Utc>) -> DateTime<Utc> {
-        match (self.notice_spacing, self.told_at.get(sender)) {
+        match (self.notice_spacing(), self.told_at.get(sender)) {
             (Some(spacing), Some(told)) => (*told).min(now) + spacing,
             _ => DateTime::<Utc>::MIN_UTC,
         }
@@ -75,7 +82,7 @@ impl Judge {
             if self.may_tell_at(&sender, now) > now {
                 continue;
             }
-            if self.notice_spacing.is_some() {
+            if self.notice_spacing().is_some() {
                 self.told_at.insert(sender, now);
             }
             for chunk in lines.chunks(MAX_PER_NOTICE) {

@@ -146,9 +146,10 @@ pub struct Judge {
     doubles: BTreeSet<String>,
     /// Inboxes whose lock another process held when a notice was due: warned of once.
     locked_inboxes: BTreeSet<String>,
-    /// At least this long between two refusal notices to one sender (a long-running judge's:
-    /// a bot that repeats its mistake gets one notice for a run of them, not one each).
-    notice_spacing: Option<chrono::Duration>,
+    /// Whether refusal notices to one sender are spaced by the config's `notice_every` (a
+    /// long-running judge's: a bot that repeats its mistake gets one notice for a run of
+    /// them, not one each).
+    spaced: bool,
     /// When each sender was last sent a refusal notice, by this process.
     told_at: HashMap<String, DateTime<Utc>>,
     /// What seals the judge's own lines, so a rebuild knows them without the journal.

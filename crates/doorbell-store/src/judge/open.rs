@@ -330,7 +330,7 @@ impl Judge {
             readable_again: false,
             doubles: BTreeSet::new(),
             locked_inboxes: BTreeSet::new(),
-            notice_spacing: None,
+            spaced: false,
             told_at: HashMap::new(),
             bridge,
             lock,
