@@ -60,13 +60,13 @@ fn waiting_for_judge(bridge: &doorbell_store::Bridge, ids: &[&str]) -> anyhow::R
     let longest = quoted.iter().map(Vec::len).max().unwrap_or(0);
     let mut budget = SEARCHED_UNJUDGED;
     let view = view(bridge)?;
+    let mut chunk = vec![0; SEARCH_CHUNK];
     for (name, journal) in view.inboxes() {
         let Ok(file) = doorbell_store::append::open_inbox(&bridge.inbox_path(name)?, false) else {
             continue;
         };
         let size = file.metadata()?.len();
         let mut at = journal.judged_to;
-        let mut chunk = vec![0; SEARCH_CHUNK];
         while at < size {
             if budget == 0 {
                 return Ok(true);
