@@ -1049,3 +1049,37 @@ fn status_names_an_unfinished_line_and_a_lock_that_holds_notices_back() {
     let status = bridge.doorbell(&["status"]);
     assert!(!status.stderr.contains("is locked"), "{}", status.stderr);
 }
+
+/// A sender that writes to a file named close to an inbox (`Web-inbox.jsonl`,
+/// `web-inbox.json`) writes where nothing reads: `status` names the file and the inbox it
+/// was likely meant to be, so the message is not left unseen. A copy of an inbox
+/// (`web-inbox.jsonl.bak`) and an empty file are no such mistake.
+#[test]
+fn status_names_a_file_named_close_to_an_inbox_that_nothing_reads() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let line = line("01NEARMISS", "design", "web", "note", "");
+    for name in ["Web-inbox.jsonl", "web-inbox.json", "web-inbox.jsonl.bak"] {
+        std::fs::write(bridge.dir().join(name), format!("{line}\n")).unwrap();
+    }
+    std::fs::write(bridge.dir().join("Design-inbox.jsonl"), "").unwrap();
+    let status = bridge.doorbell(&["status"]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    for name in ["Web-inbox.jsonl", "web-inbox.json"] {
+        let warning = status
+            .stderr
+            .lines()
+            .find(|l| l.contains(&format!("/{name} is no inbox")))
+            .unwrap_or_else(|| panic!("no warning for {name}: {}", status.stderr));
+        assert!(
+            warning.contains("was it meant to be web-inbox.jsonl?"),
+            "{warning}"
+        );
+    }
+    for name in ["web-inbox.jsonl.bak", "Design-inbox.jsonl"] {
+        assert!(
+            !status.stderr.contains(&format!("/{name} is no inbox")),
+            "{}",
+            status.stderr
+        );
+    }
+}

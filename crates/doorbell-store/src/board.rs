@@ -182,6 +182,31 @@ fn locked_with_lines_waiting(bridge: &Bridge, name: &str, waiting: usize) -> Opt
     }
 }
 
+/// Files in the bridge folder that look like inboxes and are not read as one: not regular
+/// files (refused), or named close to an inbox without being one.
+fn files_nothing_reads(bridge: &Bridge) -> Result<Vec<String>> {
+    let mut warnings = Vec::new();
+    for path in bridge.refused_inboxes()? {
+        warnings.push(format!(
+            "{} is not a regular file and is refused",
+            path.display()
+        ));
+    }
+    for (path, meant) in bridge.near_miss_inboxes()? {
+        warnings.push(match meant {
+            Some(inbox) => format!(
+                "{} is no inbox and nothing reads it: was it meant to be {inbox}? (an inbox is named AGENT-inbox.jsonl, the agent's name in lower case)",
+                path.display()
+            ),
+            None => format!(
+                "{} is no inbox and nothing reads it (an inbox is named AGENT-inbox.jsonl; an agent's name is lower-case letters, digits, '.', '_' and '-')",
+                path.display()
+            ),
+        });
+    }
+    Ok(warnings)
+}
+
 /// The bridge's status as `view` sees it.
 pub fn status(view: &mut View) -> Result<Status> {
     let bridge = view.bridge().clone();
@@ -248,12 +273,7 @@ pub fn status(view: &mut View) -> Result<Status> {
             agent.name, agent.name
         ));
     }
-    for path in bridge.refused_inboxes()? {
-        warnings.push(format!(
-            "{} is not a regular file and is refused",
-            path.display()
-        ));
-    }
+    warnings.extend(files_nothing_reads(&bridge)?);
     for remote in config.remotes.iter().filter(|r| r.url.is_some()) {
         if let Some((n, last)) = refused_by_remote(&bridge, &remote.name) {
             warnings.push(format!(

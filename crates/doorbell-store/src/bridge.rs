@@ -170,6 +170,31 @@ impl Bridge {
         Ok(paths)
     }
 
+    /// Files in the bridge folder with bytes in them whose names come close to an inbox's
+    /// without being one (`Web-inbox.jsonl`, `web-inbox.json`, `web_inbox.jsonl`): nothing
+    /// reads them, so what a sender wrote there would lie unseen. Each with the inbox it
+    /// was likely meant to be, when that name is a valid one.
+    pub fn near_miss_inboxes(&self) -> Result<Vec<(PathBuf, Option<String>)>> {
+        let mut found = Vec::new();
+        let entries =
+            fs::read_dir(&self.dir).map_err(Error::io("list bridge folder", &self.dir))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(meant) = near_miss(&name) else {
+                continue;
+            };
+            let holds_bytes = entry
+                .metadata()
+                .is_ok_and(|meta| meta.is_file() && meta.len() > 0);
+            if holds_bytes {
+                let meant = is_agent_name(&meant).then(|| format!("{meant}{INBOX_SUFFIX}"));
+                found.push((entry.path(), meant));
+            }
+        }
+        found.sort();
+        Ok(found)
+    }
+
     /// What `.doorbell/names` holds now, if anything.
     #[must_use]
     pub fn published_names(&self) -> Option<String> {
@@ -302,6 +327,21 @@ pub fn inbox_name(file_name: &str) -> Option<&str> {
         .filter(|name| is_agent_name(name))
 }
 
+/// The agent a file named `file_name` was likely meant to be the inbox of, when the name
+/// comes close to an inbox's without being one: the suffix in another case, `.json` for
+/// `.jsonl`, `_` for `-`, or an agent name in capitals or with other characters. A name with
+/// more after the suffix (`web-inbox.jsonl.bak`) is a copy, not a near miss.
+fn near_miss(file_name: &str) -> Option<String> {
+    if inbox_name(file_name).is_some() || file_name.starts_with('.') {
+        return None;
+    }
+    let lower = file_name.to_ascii_lowercase();
+    let stem = [INBOX_SUFFIX, "-inbox.json", "_inbox.jsonl", "_inbox.json"]
+        .iter()
+        .find_map(|suffix| lower.strip_suffix(suffix))?;
+    (!stem.is_empty()).then(|| stem.to_owned())
+}
+
 fn check_name(name: &str) -> Result<()> {
     if is_agent_name(name) {
         Ok(())
@@ -309,5 +349,36 @@ fn check_name(name: &str) -> Result<()> {
         Err(Error::BadAgentName {
             name: name.to_owned(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::near_miss;
+
+    #[test]
+    fn a_name_close_to_an_inbox_is_a_near_miss_and_a_copy_or_an_inbox_is_not() {
+        for (name, meant) in [
+            ("Web-inbox.jsonl", "web"),
+            ("web-inbox.json", "web"),
+            ("web_inbox.jsonl", "web"),
+            ("WEB-INBOX.JSONL", "web"),
+            ("my agent-inbox.jsonl", "my agent"),
+            ("design_inbox.json", "design"),
+        ] {
+            assert_eq!(near_miss(name).as_deref(), Some(meant), "{name}");
+        }
+        for name in [
+            "web-inbox.jsonl",
+            "web-inbox.jsonl.bak",
+            ".web-inbox.jsonl.restore",
+            "-inbox.jsonl",
+            "notes.jsonl",
+            "web.jsonl",
+            "web-inbox.cursor",
+            "STATUS.md",
+        ] {
+            assert_eq!(near_miss(name), None, "{name}");
+        }
     }
 }

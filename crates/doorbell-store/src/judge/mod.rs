@@ -266,6 +266,9 @@ impl Judge {
         for path in self.bridge.refused_inboxes()? {
             tracing::warn!(path = %path.display(), "refusing an inbox that is not a regular file");
         }
+        for (path, meant) in self.bridge.near_miss_inboxes()? {
+            tracing::warn!(path = %path.display(), meant = meant.as_deref().unwrap_or("-"), "a file named close to an inbox is no inbox: nothing reads it");
+        }
         let before = self.journal.len();
         let mut stats = self.sweep_all(now)?;
         let mut targets = self.emit(now, &mut stats)?;
