@@ -331,8 +331,17 @@ impl<'de> Deserialize<'de> for Found<Int> {
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
                 Ok(Found::Value(Int(u64::try_from(v).ok())))
             }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(Found::Wrong("a fractional number"))
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                // A whole number too large for an integer arrives as a float: it is out of
+                // range, not fractional.
+                #[allow(clippy::cast_precision_loss)]
+                Ok(if v.fract() != 0.0 {
+                    Found::Wrong("a fractional number")
+                } else if v.abs() >= u64::MAX as f64 {
+                    Found::Value(Int(None))
+                } else {
+                    Found::Wrong("a number with a decimal point or an exponent")
+                })
             }
             wrong!(bool str unit seq map);
         }

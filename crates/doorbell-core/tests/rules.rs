@@ -467,3 +467,31 @@ fn stateless_order() {
         check(bytes, expected);
     }
 }
+
+/// What a bad priority is told: a whole number out of range is out of range, not fractional.
+#[test]
+fn a_bad_priority_is_named_for_what_it_is() {
+    for (priority, detail) in [
+        ("18446744073709551616", "must be 0, 1, 2 or 3"),
+        ("-18446744073709551616", "must be 0, 1, 2 or 3"),
+        ("1e300", "must be 0, 1, 2 or 3"),
+        ("4", "must be 0, 1, 2 or 3"),
+        ("-1", "must be 0, 1, 2 or 3"),
+        ("1.5", "must be an integer 0-3, not a fractional number"),
+        (
+            "1.0",
+            "must be an integer 0-3, not a number with a decimal point or an exponent",
+        ),
+        ("\"1\"", "must be an integer 0-3, not a string"),
+    ] {
+        let bytes = line(&json!({})).replacen('{', &format!("{{\"priority\":{priority},"), 1);
+        let refusal = judge_stateless(bytes.as_bytes(), Some("web"), &LIMITS)
+            .expect_err("a bad priority is refused");
+        assert_eq!(refusal.reason.code(), "bad-field", "{priority}");
+        assert!(
+            refusal.detail.ends_with(detail),
+            "{priority}: {}",
+            refusal.detail
+        );
+    }
+}
