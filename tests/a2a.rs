@@ -296,6 +296,27 @@ fn bad_requests(task: &str) -> Vec<Bad> {
             200,
             -32602,
         ),
+        // Base64's letters, but no base64 a strict client reads back.
+        (
+            "raw one letter past a multiple of four",
+            Some(TOKEN),
+            call(
+                "SendMessage",
+                &json!({"message": {"messageId": ulid(), "role": "ROLE_USER", "parts": [{"raw": "A"}]}}),
+            ),
+            200,
+            -32602,
+        ),
+        (
+            "raw over-padded",
+            Some(TOKEN),
+            call(
+                "SendMessage",
+                &json!({"message": {"messageId": ulid(), "role": "ROLE_USER", "parts": [{"raw": "A===="}]}}),
+            ),
+            200,
+            -32602,
+        ),
         (
             "unknown task",
             Some(TOKEN),

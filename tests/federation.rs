@@ -39,17 +39,22 @@ fn free_port() -> u16 {
 
 impl Pair {
     fn new(debts: &str) -> Pair {
+        Pair::knowing_web_as("web", debts)
+    }
+
+    /// A pair where A knows B's station `web` under the name `alias`.
+    fn knowing_web_as(alias: &str, debts: &str) -> Pair {
         let a = Bridge::with_agents(&["design", "human"]);
         let b = Bridge::with_agents(&["web", "human"]);
         let ports = (free_port(), free_port());
         // Each side's remote is a station on the other bridge, and calls this one: one
         // token, held by both, says so both ways.
-        for (bridge, remote, port, theirs) in [
-            (&a, "web", ports.0, ports.1),
-            (&b, "design", ports.1, ports.0),
+        for (bridge, remote, far, port, theirs) in [
+            (&a, alias, "web", ports.0, ports.1),
+            (&b, "design", "design", ports.1, ports.0),
         ] {
             let remote =
-                format!("name = \"{remote}\"\nurl = \"http://127.0.0.1:{theirs}/a2a/{remote}\"");
+                format!("name = \"{remote}\"\nurl = \"http://127.0.0.1:{theirs}/a2a/{far}\"");
             let listen = format!("[a2a]\nlisten = \"127.0.0.1:{port}\"\n");
             let token = token_file(bridge);
             bridge.config(&format!(
@@ -212,6 +217,49 @@ fn a_line_the_far_bridge_refuses_is_said_in_status() {
     assert!(said.contains("refused 1 lines"), "{said}");
     assert!(said.contains(&id), "{said}");
     assert!(!ids(&pair.b, "web").contains_key(&id));
+}
+
+/// A's `[[remote]]` may name B's station otherwise than B does (`webb` for `web`): its
+/// answers, which B writes as from `web`, are brought back all the same, as from `webb`.
+#[test]
+fn answers_come_back_from_a_remote_known_here_under_another_name() {
+    let pair = Pair::knowing_web_as("webb", "");
+    let _b = pair.start_b();
+    let _a = pair.start_a();
+    let id = pair.a.request("design", "webb", "ETA for the footer?");
+    let arrived = read_wait(&pair.b, "web");
+    assert_eq!(arrived[0]["id"], Value::from(id.clone()), "{arrived:?}");
+    pair.b.reply(&id, "web", "completed", &[], "Friday");
+    let waited = pair.a.doorbell(&["wait", &id, "--timeout", "30s"]);
+    assert_eq!(waited.code, 0, "{}{}", waited.stdout, waited.stderr);
+    let answers = read_wait(&pair.a, "design");
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0]["from"], "webb");
+    assert_eq!(answers[0]["message"]["parts"][0]["text"], "Friday");
+    assert!(debts(&pair.a).is_empty());
+}
+
+/// An answer the far station gave that this bridge cannot take (here: its id is taken on
+/// this bridge already) is not dropped without a word: `status` says so, and the request
+/// stays open.
+#[test]
+fn an_answer_this_bridge_cannot_take_is_said_in_status() {
+    let pair = Pair::new("");
+    let _b = pair.start_b();
+    let mut a = pair.start_a();
+    let taken = pair.a.send("human", "design", "an id in use on A");
+    let id = pair.a.request("design", "web", "ETA for the footer?");
+    read_wait(&pair.b, "web");
+    pair.b
+        .reply(&id, "web", "completed", &["--id", &taken], "Friday");
+    a.expect_stderr("is not taken", Duration::from_secs(30));
+    let said = pair.a.doorbell(&["status"]).stderr;
+    assert!(
+        said.contains("1 answers from the remote 'web' could not be taken here"),
+        "{said}"
+    );
+    assert!(said.contains(&taken), "{said}");
+    assert_eq!(debts(&pair.a).len(), 1);
 }
 
 #[test]

@@ -124,6 +124,22 @@ struct Forwarder {
     polled: Option<Instant>,
     /// Lines the far bridge refused since this daemon started: how many, and the last.
     refused: (u64, Option<String>),
+    /// Answers from the far station that could not be taken here: how many, and the last.
+    not_taken: (u64, Option<String>),
+}
+
+/// The station's name on its own bridge: the last part of its endpoint (`…/a2a/web`), which
+/// the far bridge writes as the `from` of its station's answers. This bridge may know it
+/// under another name (the `[[remote]]`'s).
+fn far_name(remote: &Remote) -> &str {
+    remote
+        .url
+        .split(['?', '#'])
+        .next()
+        .and_then(|url| url.trim_end_matches('/').rsplit_once("/a2a/"))
+        .map(|(_, name)| name)
+        .filter(|name| doorbell_core::is_agent_name(name))
+        .unwrap_or(&remote.name)
 }
 
 impl Forwarder {
@@ -141,6 +157,7 @@ impl Forwarder {
             next_id: 0,
             polled: None,
             refused: (0, None),
+            not_taken: (0, None),
         }
     }
 
@@ -200,12 +217,15 @@ impl Forwarder {
             "at": since,
             "refused": self.refused.0,
             "last_refused": self.refused.1,
+            "not_taken": self.not_taken.0,
+            "last_not_taken": self.not_taken.1,
         });
         // Written when it changes, not at every poll.
         if known.is_some_and(|k| {
             k["reachable"] == state["reachable"]
                 && k["error"] == state["error"]
                 && k["refused"] == state["refused"]
+                && k["not_taken"] == state["not_taken"]
         }) {
             return;
         }
@@ -380,10 +400,12 @@ impl Forwarder {
         match self.bring_one_of(view, request, message) {
             // One answer that cannot be taken (a part no inbox holds) holds up no other.
             Err(Stop::Local(why)) => {
-                tracing::warn!(remote = %self.remote.name, %why, "a2a: an answer from the remote is not taken");
+                tracing::warn!(remote = %self.remote.name, %why, "a2a: an answer from the remote is not taken; status says so");
                 if let Some(id) = message["messageId"].as_str() {
                     self.appended.insert(id.to_owned());
                 }
+                self.not_taken = (self.not_taken.0 + 1, Some(why));
+                self.note_state(None);
                 Ok(())
             }
             other => other,
@@ -397,14 +419,28 @@ impl Forwarder {
         message: &Value,
     ) -> Result<(), Stop> {
         let metadata = &message["metadata"];
-        if message["role"] != "ROLE_AGENT" || metadata["from"] != json!(self.remote.name) {
+        let from = &metadata["from"];
+        if message["role"] != "ROLE_AGENT"
+            || (from != &json!(far_name(&self.remote)) && from != &json!(self.remote.name))
+        {
             return Ok(());
         }
         let Some(id) = message["messageId"].as_str() else {
             return Ok(());
         };
-        if self.appended.contains(id) || view.message(id)?.is_some() {
+        if self.appended.contains(id) {
             return Ok(());
+        }
+        if let Some(found) = view.message(id)? {
+            // Brought back before; or another message here has its id, and this answer
+            // cannot be written under it.
+            if self.brought(&found, request) {
+                return Ok(());
+            }
+            return Err(Stop::Local(format!(
+                "{id} is the id of another message here ({}'s inbox)",
+                found.inbox
+            )));
         }
         let kind = metadata["kind"].as_str().unwrap_or("note");
         let parts = message["parts"]
@@ -442,12 +478,25 @@ impl Forwarder {
                 self.appended.insert(id.to_owned());
             }
             Err(doorbell_store::Error::Refused { message }) => {
-                tracing::warn!(remote = %self.remote.name, %id, %message, "a2a: an answer from the remote would be refused here; it is not appended");
-                self.appended.insert(id.to_owned());
+                return Err(Stop::Local(format!(
+                    "{id} would be refused here: {message}"
+                )));
             }
             Err(other) => return Err(other.into()),
         }
         Ok(())
+    }
+
+    /// Whether `found` is an answer to `request` this forwarder brought back: in the
+    /// requester's inbox, from the remote, to the request (when its line is still there).
+    fn brought(&self, found: &doorbell_store::view::Found, request: &Request) -> bool {
+        found.inbox == request.requester_station()
+            && found.line.as_deref().is_none_or(|line| {
+                doorbell_store::view::envelope_of(line).is_some_and(|envelope| {
+                    envelope.from == self.remote.name
+                        && envelope.correlates_to.as_deref() == Some(request.id.as_str())
+                })
+            })
     }
 
     /// One JSON-RPC call to the far gateway.

@@ -346,8 +346,7 @@ pub fn incoming_part(i: usize, part: &Value) -> Result<send::Part, RpcError> {
                 .to_owned();
             // ProtoJSON's bytes are base64 (standard or URL-safe): anything else would be
             // written, then fail every strict client that reads the task.
-            let base64 = |b: u8| b.is_ascii_alphanumeric() || b"+/-_=".contains(&b);
-            if kind == "raw" && !text.bytes().all(base64) {
+            if kind == "raw" && !doorbell_core::is_base64(&text) {
                 return Err(bad("raw must be base64"));
             }
             let (uri, bytes) = if kind == "url" {

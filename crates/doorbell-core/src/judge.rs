@@ -401,6 +401,13 @@ fn build_part(part: Found<Obj<PartDe<'_>>>) -> Result<Part<'_>, FieldError> {
             let mime_type = string("message.parts[].file.mimeType", file.mime_type)?;
             let uri = string("message.parts[].file.uri", file.uri)?;
             let bytes = string("message.parts[].file.bytes", file.bytes)?;
+            // What is not base64 would pass here and fail every A2A client that reads it.
+            if bytes.as_deref().is_some_and(|b| !is_base64(b)) {
+                return Err((
+                    "message.parts[].file.bytes",
+                    "must be base64 (the standard or URL-safe alphabet, padded or not)".into(),
+                ));
+            }
             if uri.is_some() && bytes.is_some() {
                 return Err((
                     "message.parts[].file",
@@ -496,4 +503,22 @@ pub fn loop_refusal(registry: &Registry, from: &str, kind: Kind) -> Option<Strin
             "'{from}' is a loop, and loops never send responses (its owner answers for it)"
         )),
     }
+}
+
+/// Whether `text` is base64 as every A2A client reads a `bytes` field (`ProtoJSON`): the
+/// standard or the URL-safe alphabet (not both), padded to a multiple of four with at most
+/// two `=` or not padded at all, and never one character more than a multiple of four.
+#[must_use]
+pub fn is_base64(text: &str) -> bool {
+    let data = text.trim_end_matches('=');
+    let padding = text.len() - data.len();
+    let bytes = data.as_bytes();
+    let standard = bytes.iter().any(|b| matches!(b, b'+' | b'/'));
+    let url_safe = bytes.iter().any(|b| matches!(b, b'-' | b'_'));
+    bytes
+        .iter()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'-' | b'_'))
+        && !(standard && url_safe)
+        && data.len() % 4 != 1
+        && (padding == 0 || (padding <= 2 && text.len().is_multiple_of(4)))
 }

@@ -454,6 +454,8 @@ fn stateless_order() {
         (line(&json!({"message": {"parts": []}})).into_bytes(), "bad-field"),
         (line(&json!({"message": {"parts": [{"type": "data", "data": [1]}]}})).into_bytes(), "bad-field"),
         (line(&json!({"message": {"parts": [{"type": "file", "file": {"uri": "a", "bytes": "b"}}]}})).into_bytes(), "bad-field"),
+        (line(&json!({"message": {"parts": [{"type": "file", "file": {"bytes": "not base64!"}}]}})).into_bytes(), "bad-field"),
+        (line(&json!({"message": {"parts": [{"type": "file", "file": {"bytes": "SGVsbG8g\nd29ybGQ="}}]}})).into_bytes(), "bad-field"),
         (line(&json!({"to": "ci"})).into_bytes(), "misaddressed"),
         // Accepted shapes.
         (line(&json!({"kind": "request", "correlatesTo": null, "state": "submitted", "priority": 3})).into_bytes(), "ok"),
@@ -493,5 +495,29 @@ fn a_bad_priority_is_named_for_what_it_is() {
             "{priority}: {}",
             refusal.detail
         );
+    }
+}
+
+/// File bytes are base64 as every A2A client reads them; anything else is refused at the
+/// source, where its sender hears of it, not dropped by a bridge or a client downstream.
+#[test]
+fn file_bytes_are_base64_that_any_a2a_client_reads() {
+    for good in [
+        "", "aGk=", "aGk", "aGVsbG8=", "aGVsbA==", "aGVsbA", "-_8=", "+/8=", "AAAA",
+    ] {
+        assert!(doorbell_core::is_base64(good), "{good:?}");
+    }
+    for bad in [
+        "A",
+        "A====",
+        "aGk==",
+        "aG=k",
+        "a+-b",
+        "not base64!",
+        "aGk=\n",
+        " aGk=",
+        "QQ=",
+    ] {
+        assert!(!doorbell_core::is_base64(bad), "{bad:?}");
     }
 }

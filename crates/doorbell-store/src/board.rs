@@ -76,6 +76,16 @@ fn refused_by_remote(bridge: &crate::Bridge, name: &str) -> Option<(u64, String)
     Some((n, state["last_refused"].as_str().unwrap_or("?").to_owned()))
 }
 
+/// How many answers from remote `name`'s station could not be taken here, and the last.
+fn not_taken_from_remote(bridge: &crate::Bridge, name: &str) -> Option<(u64, String)> {
+    let state = remote_state(bridge, name)?;
+    let n = state["not_taken"].as_u64().filter(|n| *n > 0)?;
+    Some((
+        n,
+        state["last_not_taken"].as_str().unwrap_or("?").to_owned(),
+    ))
+}
+
 /// Why the daemon's forwarder cannot reach remote `name`, and since when, when it cannot.
 fn unreachable(bridge: &crate::Bridge, name: &str) -> Option<String> {
     let state = remote_state(bridge, name)?;
@@ -182,6 +192,38 @@ fn locked_with_lines_waiting(bridge: &Bridge, name: &str, waiting: usize) -> Opt
     }
 }
 
+/// What the person should know of the remotes on other bridges: lines their bridges
+/// refused, answers not taken here, and those that cannot be reached.
+fn remote_warnings(
+    bridge: &Bridge,
+    remotes: &[crate::config::RemoteConfig],
+    agents: &BTreeMap<String, AgentStatus>,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    for remote in remotes.iter().filter(|r| r.url.is_some()) {
+        if let Some((n, last)) = refused_by_remote(bridge, &remote.name) {
+            warnings.push(format!(
+                "the bridge of the remote '{}' refused {n} lines since the daemon started (the last: {last}); they stay in its inbox here, undelivered",
+                remote.name
+            ));
+        }
+        if let Some((n, last)) = not_taken_from_remote(bridge, &remote.name) {
+            warnings.push(format!(
+                "{n} answers from the remote '{}' could not be taken here since the daemon started (the last: {last}); the requests they answer stay open",
+                remote.name
+            ));
+        }
+        if let Some(why) = unreachable(bridge, &remote.name) {
+            let waiting = agents.get(&remote.name).map_or(0, |a| a.unread);
+            warnings.push(format!(
+                "the remote '{}' cannot be reached ({why}); lines waiting for it: {waiting}, tried again with backoff",
+                remote.name
+            ));
+        }
+    }
+    warnings
+}
+
 /// Files in the bridge folder that look like inboxes and are not read as one: not regular
 /// files (refused), or named close to an inbox without being one.
 fn files_nothing_reads(bridge: &Bridge) -> Result<Vec<String>> {
@@ -274,21 +316,7 @@ pub fn status(view: &mut View) -> Result<Status> {
         ));
     }
     warnings.extend(files_nothing_reads(&bridge)?);
-    for remote in config.remotes.iter().filter(|r| r.url.is_some()) {
-        if let Some((n, last)) = refused_by_remote(&bridge, &remote.name) {
-            warnings.push(format!(
-                "the bridge of the remote '{}' refused {n} lines since the daemon started (the last: {last}); they stay in its inbox here, undelivered",
-                remote.name
-            ));
-        }
-        if let Some(why) = unreachable(&bridge, &remote.name) {
-            let waiting = agents.get(&remote.name).map_or(0, |a| a.unread);
-            warnings.push(format!(
-                "the remote '{}' cannot be reached ({why}); lines waiting for it: {waiting}, tried again with backoff",
-                remote.name
-            ));
-        }
-    }
+    warnings.extend(remote_warnings(&bridge, &config.remotes, &agents));
     if judge.is_none() {
         warnings.push("no daemon is running: messages are judged only when a command runs (doorbell daemon, or scripts/install)".to_owned());
     }
