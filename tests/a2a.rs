@@ -729,3 +729,57 @@ fn only_a_bridge_with_remote_callers_keeps_the_index_list_tasks_needs() {
     config(&served, "");
     assert!(has_pair_index(&served));
 }
+
+/// `CancelTask` cancels whatever the task's id: one as long as an id may be (its retry-safe
+/// cancel id would be longer), and one whose retry-safe cancel id another message has
+/// taken already. A retried cancel of a canceled task is "not cancelable", as before.
+#[test]
+fn a_task_can_be_canceled_whatever_its_id() {
+    let bridge = Bridge::with_agents(&["web", "human"]);
+    config(&bridge, "");
+    let (_gateway, addr) = serve(&bridge);
+    let long = format!("01{}", "L".repeat(126));
+    let taken = ulid();
+    for task in [&long, &taken] {
+        let (_, sent) = rpc(
+            &addr,
+            Some(TOKEN),
+            &call(
+                "SendMessage",
+                &send("cancel me", &json!({"messageId": task})),
+            ),
+        );
+        assert_eq!(sent["result"]["task"]["id"], json!(task), "{sent}");
+    }
+    // A message of the caller's own that holds the id a cancel of `taken` would take.
+    let (_, note) = rpc(
+        &addr,
+        Some(TOKEN),
+        &call(
+            "SendMessage",
+            &send(
+                "an id of my own",
+                &json!({"messageId": format!("{taken}.cancel")}),
+            ),
+        ),
+    );
+    assert!(note.get("result").is_some(), "{note}");
+    for task in [&long, &taken] {
+        let (status, canceled) = rpc(
+            &addr,
+            Some(TOKEN),
+            &call("CancelTask", &json!({"id": task})),
+        );
+        assert_eq!(status, 200, "{canceled}");
+        assert_eq!(
+            canceled["result"]["status"]["state"], "TASK_STATE_CANCELED",
+            "{task}: {canceled}"
+        );
+        let (_, again) = rpc(
+            &addr,
+            Some(TOKEN),
+            &call("CancelTask", &json!({"id": task})),
+        );
+        assert_eq!(again["error"]["code"], -32002, "{again}");
+    }
+}

@@ -843,7 +843,17 @@ async fn cancel(who: &Who, task: String) -> Result<Value, RpcError> {
             return Err(RpcError::not_cancelable(&checked, request.state.as_str()));
         }
         let mut answer = view.answer(&checked, Some(sender.caller.clone()), "canceled")?;
-        answer.id = Some(format!("{checked}.cancel"));
+        // One id for every try, so a retried cancel is one line; unless that id is no id
+        // (the task's own is as long as an id may be) or another message's, when the
+        // cancel takes a new one.
+        let retry_safe = format!("{checked}.cancel");
+        let usable = doorbell_core::is_id(&retry_safe)
+            && view
+                .message(&retry_safe)?
+                .is_none_or(|found| is_cancel_of(&found, &checked, &sender.caller));
+        if usable {
+            answer.id = Some(retry_safe);
+        }
         answer.text = Some(format!("canceled by {} over A2A", sender.caller));
         view.send_placed(&answer)?
             .into_iter()
@@ -853,6 +863,17 @@ async fn cancel(who: &Who, task: String) -> Result<Value, RpcError> {
     .await?;
     judged(who, &line, changes).await?;
     current_task(who, task, Shape::FULL).await
+}
+
+/// Whether `found` is `caller`'s cancel of `task` (a retried `CancelTask` finds its own).
+fn is_cancel_of(found: &doorbell_store::view::Found, task: &str, caller: &str) -> bool {
+    found.line.as_deref().is_some_and(|line| {
+        doorbell_store::view::envelope_of(line).is_some_and(|envelope| {
+            envelope.from == caller
+                && envelope.correlates_to.as_deref() == Some(task)
+                && envelope.state == Some(doorbell_core::State::Canceled)
+        })
+    })
 }
 
 /// A place among the open streams (a blocking `SendMessage` takes one too): one of
