@@ -224,3 +224,42 @@ fn the_server_ends_when_its_client_goes_during_a_wait() {
         "the server still ran 20 s after its client went"
     );
 }
+
+/// A client that cancels its `read` ignores the answer, whether it comes before the cancel
+/// is taken in or after (MCP says a client ignores what comes after it cancelled): so no
+/// cancelled read counts as read, at whatever moment its cancel arrives.
+#[test]
+fn no_cancelled_read_counts_as_read_whenever_the_cancel_comes() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let mut raw = Raw::start(&bridge, "web");
+    let mut sent = Vec::new();
+    for trial in 0..30u64 {
+        sent.push(bridge.send("design", "web", &format!("message {trial}")));
+        let id = trial + 1;
+        raw.call(id, "read", &serde_json::json!({}));
+        let cancel = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": id, "reason": "the user pressed Esc"}});
+        // At once, while the read runs; or once its answer is here (late, crossing it).
+        if trial % 2 == 0 {
+            raw.say(&cancel);
+        } else {
+            raw.answer(id);
+            raw.say(&cancel);
+        }
+    }
+    // Every message is still unread once the cancels are all taken in.
+    let unread = |b: &Bridge| {
+        b.read_json("web", &["--peek"])
+            .iter()
+            .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    bridge.wait_for(
+        std::time::Duration::from_secs(20),
+        "every cancelled read undone",
+        |b| unread(b).len() == sent.len(),
+    );
+    assert_eq!(unread(&bridge), sent);
+    drop(raw.to.take());
+    let _ = raw.server.wait();
+}

@@ -14,7 +14,8 @@ use doorbell_store::view::envelope_of;
 use doorbell_store::{cursor, Bridge};
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
-use rmcp::service::RequestContext;
+use rmcp::model::{CancelledNotificationParam, RequestId};
+use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{
     tool, tool_handler, tool_router, ErrorData as McpError, RoleServer, ServerHandler, ServiceExt,
 };
@@ -46,6 +47,27 @@ struct Doorbell {
     agent: String,
     session: std::sync::Arc<Session>,
     tool_router: ToolRouter<Self>,
+    /// The last reads that moved the cursor, by request: a cancel that comes after the
+    /// answer (which the client then ignores) undoes its read.
+    reads: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<(RequestId, Moved)>>>,
+}
+
+/// How many answered reads a late cancel can still undo.
+const UNDOABLE_READS: usize = 16;
+
+/// Where a read moved the cursor: from, to.
+#[derive(Debug, Clone, Copy)]
+struct Moved {
+    from: u64,
+    to: u64,
+}
+
+/// Undo `moved`, a read of `agent` whose answer its client never took: the cursor goes back
+/// when nothing read on since.
+fn unread(bridge: &Bridge, agent: &str, moved: Moved) -> anyhow::Result<bool> {
+    let _reading = cursor::reading_within(bridge, agent, cursor::READER_WAIT)?;
+    let inbox = open_inbox(&bridge.require_inbox(agent)?, false)?;
+    Ok(cursor::rewind(bridge, agent, &inbox, moved.from, moved.to)?)
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -170,6 +192,7 @@ impl Doorbell {
             agent,
             session: std::sync::Arc::new(session),
             tool_router: Self::tool_router(),
+            reads: std::sync::Arc::default(),
         }
     }
 
@@ -244,10 +267,28 @@ impl Doorbell {
     ) -> Result<CallToolResult, McpError> {
         let max = args.max.unwrap_or(MAX_READ).clamp(1, MAX_READ);
         // A call the client cancelled (its user pressed Esc while another reader held the
-        // inbox) gets no answer: nothing in it may count as read.
+        // inbox) gets no answer: nothing in it may count as read. A cancel that comes while
+        // the cursor moves undoes the move here; one that comes after, in `on_cancelled`.
         let cancelled = context.ct.clone();
-        self.call(move |agent, bridge| read(bridge, agent, max, &|| cancelled.is_cancelled()))
-            .await
+        let (request, reads) = (context.id.clone(), std::sync::Arc::clone(&self.reads));
+        self.call(move |agent, bridge| {
+            let (value, moved) = read(bridge, agent, max, &|| cancelled.is_cancelled())?;
+            if let Some(moved) = moved {
+                if cancelled.is_cancelled() {
+                    unread(bridge, agent, moved)?;
+                    anyhow::bail!("cancelled: nothing was read");
+                }
+                let mut reads = reads
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if reads.len() == UNDOABLE_READS {
+                    reads.pop_front();
+                }
+                reads.push_back((request, moved));
+            }
+            Ok(value)
+        })
+        .await
     }
 
     #[tool(
@@ -325,7 +366,7 @@ fn read(
     agent: &str,
     max: usize,
     cancelled: &dyn Fn() -> bool,
-) -> anyhow::Result<Value> {
+) -> anyhow::Result<(Value, Option<Moved>)> {
     let path = bridge.require_inbox(agent)?;
     // Another reader of this agent (a paused `watch`) must not hang the tool call. The
     // judge's picture is taken once the turn is ours (see `read`).
@@ -368,10 +409,14 @@ fn read(
     if cancelled() {
         anyhow::bail!("cancelled: nothing was read");
     }
-    if let Some(to) = to.filter(|to| *to > from) {
+    let moved = to.filter(|to| *to > from).map(|to| Moved { from, to });
+    if let Some(Moved { to, .. }) = moved {
         cursor::advance(bridge, agent, &inbox, to, "mcp")?;
     }
-    Ok(json!({ "note": DATA_NOTE, "messages": messages, "more": more }))
+    Ok((
+        json!({ "note": DATA_NOTE, "messages": messages, "more": more }),
+        moved,
+    ))
 }
 
 /// Cut a message's text past [`MAX_MESSAGE_UNITS`], saying so and how to see the rest.
@@ -435,6 +480,35 @@ fn show(bridge: &Bridge, id: &str) -> anyhow::Result<Value> {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Doorbell {
+    /// A cancel of a read already answered: the client ignores the answer (MCP says it
+    /// should), so the read is undone.
+    fn on_cancelled(
+        &self,
+        notification: CancelledNotificationParam,
+        _context: NotificationContext<RoleServer>,
+    ) -> impl std::future::Future<Output = ()> + Send + '_ {
+        let moved = notification.request_id.and_then(|id| {
+            let mut reads = self
+                .reads
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let at = reads.iter().position(|(read, _)| *read == id)?;
+            reads.remove(at).map(|(_, moved)| moved)
+        });
+        let (agent, session) = (self.agent.clone(), std::sync::Arc::clone(&self.session));
+        async move {
+            let Some(moved) = moved else {
+                return;
+            };
+            let undone =
+                tokio::task::spawn_blocking(move || unread(&session.bridge()?, &agent, moved))
+                    .await;
+            if let Ok(Err(error)) = undone {
+                tracing::warn!(%error, "a cancelled read could not be undone");
+            }
+        }
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("doorbell", env!("CARGO_PKG_VERSION")))

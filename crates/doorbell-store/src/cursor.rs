@@ -204,6 +204,31 @@ pub fn advance(bridge: &Bridge, agent: &str, inbox: &File, offset: u64, via: &st
     move_cursor(bridge, agent, inbox, offset, via, None, &mut None).map(drop)
 }
 
+/// Move `agent`'s cursor on `inbox` back from `to` to `from`, when it still stands at `to`:
+/// a read whose answer never reached its reader (an MCP client cancelled the call) is
+/// undone. False when the cursor stands elsewhere (another reader moved it since), and it
+/// is left there. The caller holds the agent's reading.
+pub fn rewind(bridge: &Bridge, agent: &str, inbox: &File, from: u64, to: u64) -> Result<bool> {
+    let path = bridge.cursor_path(agent)?;
+    let (_file, _) = lock_cursor(&path)?;
+    if validate(read_cursor(&path)?, inbox)? != Position::At(to) {
+        return Ok(false);
+    }
+    let meta = inbox.metadata().map_err(Error::io("stat inbox", &path))?;
+    let Some(marker) = Marker::of(inbox, from).map_err(Error::io("read inbox", &path))? else {
+        return Ok(false);
+    };
+    let record = CursorFile {
+        version: 1,
+        dev: meta.dev(),
+        ino: meta.ino(),
+        offset: from,
+        marker,
+    };
+    write_cursor(bridge, &path, record)?;
+    Ok(true)
+}
+
 /// A cursor file locked for a move: the one a reader holds open, or one opened to lock it.
 enum CursorLock<'a> {
     Held(&'a File),
