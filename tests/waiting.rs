@@ -169,3 +169,30 @@ fn wait_on_a_request_the_judge_has_not_read_yet_waits_for_it() {
     assert_eq!(code, 0, "{stderr}");
     daemon.kill();
 }
+
+/// `wait --json` on a request answered before the wait began says the answer, as it does
+/// for one answered while it waits: the last response of the two.
+#[test]
+fn wait_on_a_request_answered_already_gives_its_answer() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let id = bridge
+        .doorbell(&[
+            "send", "--from", "design", "--to", "web", "--kind", "request", "?",
+        ])
+        .ok()
+        .trim()
+        .to_owned();
+    for (state, text) in [("working", "on it"), ("completed", "the answer")] {
+        bridge
+            .doorbell(&["reply", &id, "--from", "web", "--state", state, text])
+            .ok();
+    }
+    let run = bridge.doorbell(&["wait", &id, "--json"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let doc: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    assert_eq!(doc["state"], "completed", "{doc}");
+    assert_eq!(
+        doc["response"]["message"]["parts"][0]["text"], "the answer",
+        "{doc}"
+    );
+}

@@ -224,19 +224,26 @@ fn look(view: &doorbell_store::View, ids: &[String]) -> anyhow::Result<Vec<(Stri
     }
     named.sort();
     named.dedup();
-    Ok(named
+    named
         .into_iter()
         .map(|id| {
-            let known = view.request(&id).map(|r| (r.state, r.responses));
-            (
-                id,
-                Awaited {
-                    known,
-                    answer: None,
-                },
-            )
+            let request = view.request(&id);
+            let known = request.as_ref().map(|r| (r.state, r.responses));
+            // Answered before the wait began: the last answer is the ledger's.
+            let answer = match request {
+                Some(r) if r.responses > 0 => view
+                    .thread(&r.context_id)?
+                    .into_iter()
+                    .rev()
+                    .find(|m| {
+                        m.row.correlates_to.as_deref() == Some(id.as_str()) && m.row.state.is_some()
+                    })
+                    .map(|m| Answer { id: m.row.id }),
+                _ => None,
+            };
+            Ok((id, Awaited { known, answer }))
         })
-        .collect())
+        .collect()
 }
 
 fn finish(
