@@ -179,3 +179,115 @@ fn gemini_settings_keep_their_servers_and_bad_json_is_left_alone() {
     );
     assert_eq!(std::fs::read_to_string(&settings).unwrap(), "{ not json");
 }
+
+/// A project armed for one agent is not armed for a second one on top: one session is one
+/// agent. `setup` says so and writes nothing; the first agent's entries stay as they were.
+#[test]
+fn a_project_armed_for_one_agent_is_not_armed_for_another_on_top() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let project = bridge.tmp.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    let project_arg = project.to_str().unwrap();
+    for harness in ["claude", "codex", "gemini"] {
+        let armed = bridge.doorbell(&[
+            "setup",
+            harness,
+            "--agent",
+            "web",
+            "--project",
+            project_arg,
+            "--write",
+        ]);
+        assert_eq!(armed.code, 0, "{harness}: {armed:?}");
+        let files: Vec<(std::path::PathBuf, Vec<u8>)> = walk(&project)
+            .into_iter()
+            .map(|path| {
+                let bytes = std::fs::read(&path).unwrap();
+                (path, bytes)
+            })
+            .collect();
+        let again = bridge.doorbell(&[
+            "setup",
+            harness,
+            "--agent",
+            "design",
+            "--project",
+            project_arg,
+            "--write",
+        ]);
+        assert_ne!(again.code, 0, "{harness}: {again:?}");
+        assert!(
+            again.stderr.contains("it arms the agent 'web' already"),
+            "{harness}: {}",
+            again.stderr
+        );
+        for (path, bytes) in files {
+            assert_eq!(std::fs::read(&path).unwrap(), bytes, "{}", path.display());
+        }
+        // The same agent again changes nothing and is no error.
+        let same = bridge.doorbell(&[
+            "setup",
+            harness,
+            "--agent",
+            "web",
+            "--project",
+            project_arg,
+            "--write",
+        ]);
+        assert_eq!(same.code, 0, "{harness}: {same:?}");
+    }
+}
+
+/// A Codex `config.toml` that doorbell's table cannot be appended to (its `mcp_servers` an
+/// inline table or a number, or no TOML at all) is left as it is, with the table to add by
+/// hand; nothing else is written either.
+#[test]
+fn a_codex_config_doorbell_cannot_extend_is_left_alone() {
+    let bridge = Bridge::with_agents(&["web"]);
+    for config in [
+        "mcp_servers = { other = { command = \"x\" } }\n",
+        "mcp_servers = 5\n",
+        "x = \n",
+    ] {
+        let project = bridge.tmp.path().join(format!("p{}", config.len()));
+        std::fs::create_dir_all(project.join(".codex")).unwrap();
+        let path = project.join(".codex/config.toml");
+        std::fs::write(&path, config).unwrap();
+        let run = bridge.doorbell(&[
+            "setup",
+            "codex",
+            "--agent",
+            "web",
+            "--project",
+            project.to_str().unwrap(),
+            "--write",
+        ]);
+        assert_ne!(run.code, 0, "{config}: {run:?}");
+        assert!(
+            run.stderr.contains("add doorbell's server to it by hand"),
+            "{}",
+            run.stderr
+        );
+        assert!(
+            run.stderr.contains("[mcp_servers.doorbell]"),
+            "{}",
+            run.stderr
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), config);
+        assert!(!project.join(".codex/hooks.json").exists());
+    }
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}

@@ -85,8 +85,32 @@ impl Plan {
         ]
     }
 
+    /// Refuse to arm a settings document that arms another agent already: one session is
+    /// one agent, and two would show it both agents' mail and block it for both's debts.
+    fn refuse_another_agent(&self, others: impl IntoIterator<Item = String>) -> anyhow::Result<()> {
+        if let Some(other) = others.into_iter().find(|other| *other != self.agent) {
+            bail!(
+                "it arms the agent '{other}' already: a session is one agent. Remove doorbell's entries for '{other}' first, or arm '{}' in another project",
+                self.agent
+            );
+        }
+        Ok(())
+    }
+
     /// Add our hooks to a settings document's `hooks`; whether anything changed.
     fn merge_hooks(&self, doc: &mut Value) -> anyhow::Result<bool> {
+        let armed: Vec<String> = doc["hooks"]
+            .as_object()
+            .into_iter()
+            .flat_map(|events| events.values())
+            .filter_map(Value::as_array)
+            .flatten()
+            .filter_map(|group| group["hooks"].as_array())
+            .flatten()
+            .filter_map(|handler| handler["command"].as_str())
+            .filter_map(hooked_agent)
+            .collect();
+        self.refuse_another_agent(armed)?;
         let hooks = object_at(doc, "hooks")?;
         let mut changed = false;
         for (event, matcher) in events(self.harness) {
@@ -129,7 +153,8 @@ impl Plan {
     /// Add the MCP server to a document's `mcpServers`, unless one named doorbell is there.
     fn merge_mcp_json(&self, doc: &mut Value) -> anyhow::Result<bool> {
         let servers = object_at(doc, "mcpServers")?;
-        if servers.contains_key("doorbell") {
+        if let Some(server) = servers.get("doorbell") {
+            self.refuse_another_agent(served_agent(server))?;
             return Ok(false);
         }
         servers.insert(
@@ -137,6 +162,41 @@ impl Plan {
             json!({ "command": self.program, "args": self.mcp_args() }),
         );
         Ok(true)
+    }
+
+    /// Refuse a Codex `config.toml` that, as it would be written, is no TOML, has no
+    /// doorbell server where Codex looks for it, or has one for another agent: the file is
+    /// left as it is.
+    fn check_codex_toml(&self, path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+        let by_hand = || {
+            format!(
+                "{} is left as it is; add doorbell's server to it by hand:{}",
+                path.display(),
+                self.codex_mcp_toml()
+            )
+        };
+        let doc: toml::Table = toml::from_str(text).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: with doorbell's server added it would not be valid TOML ({}); {}",
+                path.display(),
+                e.message(),
+                by_hand()
+            )
+        })?;
+        let server = doc
+            .get("mcp_servers")
+            .and_then(|s| s.get("doorbell"))
+            .and_then(toml::Value::as_table)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{}: its mcp_servers would not hold doorbell's server as a table; {}",
+                    path.display(),
+                    by_hand()
+                )
+            })?;
+        let server = serde_json::to_value(server).unwrap_or_default();
+        self.refuse_another_agent(served_agent(&server))
+            .with_context(|| format!("merging into {}", path.display()))
     }
 
     fn codex_mcp_toml(&self) -> String {
@@ -148,6 +208,25 @@ impl Plan {
             args.join(", ")
         )
     }
+}
+
+/// The agent a doorbell hook command (`… hook EVENT --agent NAME …`) is for.
+fn hooked_agent(command: &str) -> Option<String> {
+    let mut words = command.split_whitespace();
+    words.by_ref().find(|w| *w == "hook")?;
+    words.by_ref().find(|w| *w == "--agent")?;
+    words.next().map(str::to_owned)
+}
+
+/// The agent a doorbell MCP server entry (`args: [… "mcp", "--agent", NAME]`) serves.
+fn served_agent(server: &Value) -> Option<String> {
+    let args: Vec<&str> = server["args"]
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let at = args.iter().position(|a| *a == "--agent")?;
+    args.get(at + 1).map(|a| (*a).to_owned())
 }
 
 /// The object under `key` of a settings document (made when missing).
@@ -326,6 +405,7 @@ fn changes(plan: &Plan, project: Option<&Path>) -> anyhow::Result<(Vec<Change>, 
             } else {
                 current.clone() + &plan.codex_mcp_toml()
             };
+            plan.check_codex_toml(&path, &text)?;
             changes.push(Change {
                 path,
                 text,
