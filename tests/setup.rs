@@ -189,15 +189,18 @@ fn a_project_armed_for_one_agent_is_not_armed_for_another_on_top() {
     std::fs::create_dir_all(&project).unwrap();
     let project_arg = project.to_str().unwrap();
     for harness in ["claude", "codex", "gemini"] {
-        let armed = bridge.doorbell(&[
-            "setup",
-            harness,
-            "--agent",
-            "web",
-            "--project",
-            project_arg,
-            "--write",
-        ]);
+        let arm = |agent: &str| {
+            bridge.doorbell(&[
+                "setup",
+                harness,
+                "--agent",
+                agent,
+                "--project",
+                project_arg,
+                "--write",
+            ])
+        };
+        let armed = arm("web");
         assert_eq!(armed.code, 0, "{harness}: {armed:?}");
         let files: Vec<(std::path::PathBuf, Vec<u8>)> = walk(&project)
             .into_iter()
@@ -206,15 +209,7 @@ fn a_project_armed_for_one_agent_is_not_armed_for_another_on_top() {
                 (path, bytes)
             })
             .collect();
-        let again = bridge.doorbell(&[
-            "setup",
-            harness,
-            "--agent",
-            "design",
-            "--project",
-            project_arg,
-            "--write",
-        ]);
+        let again = arm("design");
         assert_ne!(again.code, 0, "{harness}: {again:?}");
         assert!(
             again.stderr.contains("it arms the agent 'web' already"),
@@ -225,15 +220,7 @@ fn a_project_armed_for_one_agent_is_not_armed_for_another_on_top() {
             assert_eq!(std::fs::read(&path).unwrap(), bytes, "{}", path.display());
         }
         // The same agent again changes nothing and is no error.
-        let same = bridge.doorbell(&[
-            "setup",
-            harness,
-            "--agent",
-            "web",
-            "--project",
-            project_arg,
-            "--write",
-        ]);
+        let same = arm("web");
         assert_eq!(same.code, 0, "{harness}: {same:?}");
     }
 }
