@@ -196,3 +196,45 @@ fn wait_on_a_request_answered_already_gives_its_answer() {
         "{doc}"
     );
 }
+
+/// Two answers to one request written while the judge is busy (a stopped daemon; an MCP
+/// client's parallel calls): the second is refused at once, since the first closed the
+/// request already, instead of being said sent and refused by the judge a moment later.
+#[test]
+fn a_second_closing_answer_written_before_the_first_is_judged_is_refused_at_once() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let daemon = crate::util::Daemon::start(&bridge, &[]);
+    let id = bridge.request("design", "web", "ETA?");
+    bridge.wait_for(
+        std::time::Duration::from_secs(20),
+        "the request judged",
+        |b| b.verdict_count() == 1,
+    );
+    daemon.signal("STOP");
+    let first = bridge.doorbell(&[
+        "reply",
+        &id,
+        "--from",
+        "web",
+        "--state",
+        "completed",
+        "Friday",
+    ]);
+    assert_eq!(first.code, 0, "{first:?}");
+    let second = bridge.doorbell(&["reply", &id, "--from", "web", "--state", "failed", "no"]);
+    assert_ne!(second.code, 0, "{second:?}");
+    assert!(
+        second.stderr.contains("request-closed"),
+        "{}",
+        second.stderr
+    );
+    daemon.signal("CONT");
+    bridge.wait_for(
+        std::time::Duration::from_secs(20),
+        "the answer judged",
+        |b| b.verdict_count() == 2,
+    );
+    let verdicts: Vec<String> = bridge.verdicts().into_iter().map(|v| v.2).collect();
+    assert_eq!(verdicts, ["accepted", "accepted"]);
+    daemon.kill();
+}

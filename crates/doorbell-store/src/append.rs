@@ -77,6 +77,17 @@ pub fn append_line(path: &Path, line: &[u8]) -> Result<u64> {
 /// Append `line` to the inbox at `path`, waiting at most `wait` for its lock: a process
 /// that holds it and hangs gets [`Error::InboxLocked`], never a writer stuck for good.
 pub fn append_line_within(path: &Path, line: &[u8], wait: Duration) -> Result<u64> {
+    append_line_checked(path, line, wait, |_, _| Ok(()))
+}
+
+/// [`append_line_within`], with `check` asked first, the lock held: given the inbox and its
+/// length, it may refuse the line in view of what the inbox holds that no judge read yet.
+pub fn append_line_checked(
+    path: &Path,
+    line: &[u8],
+    wait: Duration,
+    check: impl FnOnce(&File, u64) -> Result<()>,
+) -> Result<u64> {
     debug_assert!(
         !line.contains(&b'\n'),
         "a line never contains a raw newline"
@@ -87,6 +98,7 @@ pub fn append_line_within(path: &Path, line: &[u8], wait: Duration) -> Result<u6
         .metadata()
         .map_err(Error::io("stat inbox", path))?
         .len();
+    check(&file, len)?;
     let mut buf = Vec::with_capacity(line.len() + 2);
     if len > 0 {
         let mut last = [0u8; 1];

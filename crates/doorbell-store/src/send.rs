@@ -293,19 +293,104 @@ pub fn send_placed(bridge: &Bridge, view: Option<&View>, message: &Message) -> R
         }
     }
     // Every recipient passed the pre-check: now write. A duplicate was already delivered.
-    let mut placed = Vec::with_capacity(lines.len());
-    for (to, id, line) in lines {
-        let offset = match line {
-            Some(line) => Some(append_line(&bridge.inbox_path(&to)?, line.as_bytes())?),
-            None => None,
-        };
-        placed.push(Placed {
-            id,
-            inbox: to,
-            offset,
-        });
+    let who = (from.as_str(), kind.as_str());
+    lines
+        .into_iter()
+        .map(|(to, id, line)| {
+            let offset = line
+                .map(|line| append_one(bridge, view, message, who, &to, &id, &line))
+                .transpose()?;
+            Ok(Placed {
+                id,
+                inbox: to,
+                offset,
+            })
+        })
+        .collect()
+}
+
+/// Append `line`, message `id` from `from` of `kind`, to `to`'s inbox. A response is checked
+/// against what that inbox holds unjudged, under its lock ([`not_closed_unjudged`]).
+fn append_one(
+    bridge: &Bridge,
+    view: Option<&View>,
+    message: &Message,
+    (from, kind): (&str, &str),
+    to: &str,
+    id: &str,
+    line: &str,
+) -> Result<u64> {
+    let path = bridge.inbox_path(to)?;
+    let (Some(view), "response", Some(request)) = (view, kind, message.correlates_to.as_deref())
+    else {
+        return append_line(&path, line.as_bytes());
+    };
+    let judged = view
+        .inboxes()
+        .get(to)
+        .map(|j| ((j.dev, j.ino), j.judged_to));
+    crate::append::append_line_checked(
+        &path,
+        line.as_bytes(),
+        crate::append::SENDER_WAIT,
+        |file, len| not_closed_unjudged(file, len, judged, to, (request, from), id),
+    )
+}
+
+/// The most of an inbox's unjudged tail a response's sender reads for an answer that closed
+/// its request already; past it, the judge is far behind and says so itself.
+const UNJUDGED_SEARCHED: u64 = 4 << 20;
+
+/// Refuse response `id` to `request` from `sender` when `inbox` (`file`, `len` bytes)
+/// holds, past where the judge stopped (`judged`: the file it read and how far), another
+/// response of the same sender that closed the request: the judge would refuse this one as `request-closed`, and its sender must not
+/// be told it was sent. Two answers written at once both passed the pre-check before either
+/// was judged.
+fn not_closed_unjudged(
+    file: &std::fs::File,
+    len: u64,
+    judged: Option<((u64, u64), u64)>,
+    inbox: &str,
+    (request, sender): (&str, &str),
+    id: &str,
+) -> Result<()> {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let meta = file
+        .metadata()
+        .map_err(|e| refused(format!("stat {inbox}'s inbox: {e}")))?;
+    let from = match judged {
+        Some((file_id, judged_to)) if file_id == (meta.dev(), meta.ino()) => judged_to,
+        _ => 0,
+    };
+    if len <= from || len - from > UNJUDGED_SEARCHED {
+        return Ok(());
     }
-    Ok(placed)
+    let mut tail = vec![0; (len - from) as usize];
+    if file.read_exact_at(&mut tail, from).is_err() {
+        return Ok(());
+    }
+    let limits = Limits {
+        max_line_bytes: usize::MAX,
+    };
+    for line in tail.split(|b| *b == b'\n') {
+        let Ok(envelope) = judge_stateless(line, Some(inbox), &limits) else {
+            continue;
+        };
+        if envelope.id != id
+            && envelope.from == sender
+            && envelope.correlates_to.as_deref() == Some(request)
+            && envelope
+                .state
+                .is_some_and(doorbell_core::State::is_terminal)
+        {
+            return Err(refused(format!(
+                "refused: request-closed: {request} is closed by {} ({}), written and not judged yet",
+                envelope.id,
+                envelope.state.map_or("", doorbell_core::State::as_str)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The inboxes a message goes to: each `--to`, or every station for `all`.
