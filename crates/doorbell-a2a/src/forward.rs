@@ -363,12 +363,13 @@ impl Forwarder {
                 )));
             }
             Answer::Error { code, message } => {
-                tracing::warn!(remote = %self.remote.name, id = %envelope.id, code, %message, "a2a: the remote's bridge refused a line; it stays here, and status says so");
+                // Said for status first: whoever reads the log line finds it there.
                 self.refused = (
                     self.refused.0 + 1,
                     Some(format!("{}: {message}", envelope.id)),
                 );
                 self.note_state(None);
+                tracing::warn!(remote = %self.remote.name, id = %envelope.id, code, %message, "a2a: the remote's bridge refused a line; it stays here, and status says so");
             }
         }
         Ok(())
@@ -400,12 +401,13 @@ impl Forwarder {
         match self.bring_one_of(view, request, message) {
             // One answer that cannot be taken (a part no inbox holds) holds up no other.
             Err(Stop::Local(why)) => {
-                tracing::warn!(remote = %self.remote.name, %why, "a2a: an answer from the remote is not taken; status says so");
                 if let Some(id) = message["messageId"].as_str() {
                     self.appended.insert(id.to_owned());
                 }
-                self.not_taken = (self.not_taken.0 + 1, Some(why));
+                // Said for status first: whoever reads the log line finds it there.
+                self.not_taken = (self.not_taken.0 + 1, Some(why.clone()));
                 self.note_state(None);
+                tracing::warn!(remote = %self.remote.name, %why, "a2a: an answer from the remote is not taken; status says so");
                 Ok(())
             }
             other => other,
