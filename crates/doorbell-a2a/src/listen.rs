@@ -62,6 +62,24 @@ impl Connection {
         self.quiet.as_mut().reset(until);
     }
 
+    /// What a write said: bytes written mean the connection is not idle; a write that must
+    /// wait, waits unless it was idle too long.
+    fn wrote(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        match poll {
+            Poll::Pending => self.waiting(cx),
+            Poll::Ready(result) => {
+                if result.as_ref().is_ok_and(|n| *n > 0) {
+                    self.moved();
+                }
+                Poll::Ready(result)
+            }
+        }
+    }
+
     /// What a read or write that must wait says: wait, unless the connection was idle too
     /// long.
     fn waiting<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
@@ -118,15 +136,8 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.stream).poll_write(cx, buf) {
-            Poll::Pending => self.waiting(cx),
-            Poll::Ready(result) => {
-                if result.as_ref().is_ok_and(|n| *n > 0) {
-                    self.moved();
-                }
-                Poll::Ready(result)
-            }
-        }
+        let poll = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.wrote(cx, poll)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -142,15 +153,8 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match Pin::new(&mut self.stream).poll_write_vectored(cx, bufs) {
-            Poll::Pending => self.waiting(cx),
-            Poll::Ready(result) => {
-                if result.as_ref().is_ok_and(|n| *n > 0) {
-                    self.moved();
-                }
-                Poll::Ready(result)
-            }
-        }
+        let poll = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.wrote(cx, poll)
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -214,19 +214,25 @@ pub fn rewind(bridge: &Bridge, agent: &str, inbox: &File, from: u64, to: u64) ->
     if validate(read_cursor(&path)?, inbox)? != Position::At(to) {
         return Ok(false);
     }
-    let meta = inbox.metadata().map_err(Error::io("stat inbox", &path))?;
-    let Some(marker) = Marker::of(inbox, from).map_err(Error::io("read inbox", &path))? else {
+    let Some(record) = record_at(&path, inbox, from)? else {
         return Ok(false);
-    };
-    let record = CursorFile {
-        version: 1,
-        dev: meta.dev(),
-        ino: meta.ino(),
-        offset: from,
-        marker,
     };
     write_cursor(bridge, &path, record)?;
     Ok(true)
+}
+
+/// The cursor record of `inbox` at `offset`, with the marker of the bytes before it; `None`
+/// when the file is shorter.
+fn record_at(path: &Path, inbox: &File, offset: u64) -> Result<Option<CursorFile>> {
+    let meta = inbox.metadata().map_err(Error::io("stat inbox", path))?;
+    let marker = Marker::of(inbox, offset).map_err(Error::io("read inbox", path))?;
+    Ok(marker.map(|marker| CursorFile {
+        version: 1,
+        dev: meta.dev(),
+        ino: meta.ino(),
+        offset,
+        marker,
+    }))
 }
 
 /// A cursor file locked for a move: the one a reader holds open, or one opened to lock it.
@@ -287,21 +293,14 @@ fn move_cursor(
         }
     }
     let from = current.offset();
-    let meta = inbox.metadata().map_err(Error::io("stat inbox", &path))?;
-    let Some(marker) = Marker::of(inbox, offset).map_err(Error::io("read inbox", &path))? else {
+    let Some(record) = record_at(&path, inbox, offset)? else {
         return Ok(None);
     };
-    let record = CursorFile {
-        version: 1,
-        dev: meta.dev(),
-        ino: meta.ino(),
-        offset,
-        marker,
-    };
+    let (dev, ino) = (record.dev, record.ino);
     let written = write_cursor(bridge, &path, record)?;
     let read = ReadRecord {
-        dev: meta.dev(),
-        ino: meta.ino(),
+        dev,
+        ino,
         from,
         to: offset,
         via: via.to_owned(),
