@@ -721,3 +721,30 @@ fn a_block_the_harness_never_got_is_said_at_the_next_stop() {
     assert!(reason.contains(&id), "{reason}");
     assert_eq!(at(&bridge, "claude", "stop", "web"), None, "said once now");
 }
+
+/// A hook whose standard output is closed (not a pipe the harness left: no descriptor at all)
+/// fails, and the message it could not print stays unread for the next hook.
+#[test]
+fn a_hook_with_no_standard_output_counts_nothing_as_read() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    bridge.send("design", "web", "the footer is grey");
+    let event = event("claude", "prompt");
+    let mut command = std::process::Command::new("sh");
+    command
+        .arg("-c")
+        .arg(r#"exec "$0" hook "$1" --agent web --harness claude >&-"#)
+        .arg(env!("CARGO_BIN_EXE_doorbell"))
+        .arg(event);
+    bridge.env(&mut command);
+    let closed = crate::util::run(command, Some(&payload("claude", event)));
+    assert_eq!(closed.code, 1, "{closed:?}");
+    assert!(
+        closed.stderr.contains("nothing counts as shown"),
+        "{closed:?}"
+    );
+    let shown = at(&bridge, "claude", "prompt", "web").expect("the message, still unread");
+    assert!(
+        context("claude", event, &shown).contains("the footer is grey"),
+        "{shown}"
+    );
+}

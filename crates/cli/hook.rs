@@ -95,13 +95,9 @@ pub fn run(dir: Option<&Path>, config: Option<&Path>, args: &HookArgs) -> i32 {
         });
     match answered {
         Ok(Some(output)) => {
-            let mut out = std::io::stdout().lock();
-            if out
-                .write_all(output.json.as_bytes())
-                .and_then(|()| out.flush())
-                .is_err()
-            {
+            if let Err(error) = print(&output.json) {
                 // Nothing reached the harness: nothing counts as shown or said.
+                eprintln!("doorbell hook: printing the answer: {error}; nothing counts as shown");
                 output.unsaid();
                 return crate::exit::FAILURE;
             }
@@ -119,6 +115,21 @@ pub fn run(dir: Option<&Path>, config: Option<&Path>, args: &HookArgs) -> i32 {
             crate::exit::FAILURE
         }
     }
+}
+
+/// Write `json` to standard output, or say why it could not be. Output into `/dev/null`
+/// reaches no harness, so it is an error too: a hook started with its standard output
+/// closed gets `/dev/null` there from Rust's start-up.
+fn print(json: &str) -> std::io::Result<()> {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let stdout = std::io::stdout();
+    let mut out = std::fs::File::from(stdout.as_fd().try_clone_to_owned()?);
+    let meta = out.metadata()?;
+    if meta.file_type().is_char_device() && meta.rdev() == libc::makedev(1, 3) {
+        return Err(std::io::Error::other("standard output is /dev/null"));
+    }
+    out.write_all(json.as_bytes())
 }
 
 /// What a hook prints, and what changes once it is printed.
