@@ -531,6 +531,9 @@ fn wait_for_reader(
             .map_err(Error::io("lock reader lock", "(reader lock)"));
     };
     let mut pause = std::time::Duration::from_millis(1);
+    // Past `until`, a lock no process is seen to hold was let go of while this one looked:
+    // it is tried again (a few times, for a system that shows no holders at all).
+    let mut unseen = 0;
     loop {
         match file.try_lock() {
             Ok(()) => return Ok(()),
@@ -540,14 +543,17 @@ fn wait_for_reader(
                 );
                 pause = (pause * 2).min(std::time::Duration::from_millis(50));
             }
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(Error::ReaderBusy {
-                    agent: agent.to_owned(),
-                    holder: crate::lock::flock_holder(file)
-                        .unwrap_or_else(|| "a process this one cannot see".to_owned()),
-                    secs: (began.elapsed() + std::time::Duration::from_millis(500)).as_secs(),
-                })
-            }
+            Err(std::fs::TryLockError::WouldBlock) => match crate::lock::flock_holder(file) {
+                None if unseen < 3 => unseen += 1,
+                holder => {
+                    return Err(Error::ReaderBusy {
+                        agent: agent.to_owned(),
+                        holder: holder
+                            .unwrap_or_else(|| "a process this one cannot see".to_owned()),
+                        secs: (began.elapsed() + std::time::Duration::from_millis(500)).as_secs(),
+                    })
+                }
+            },
             Err(std::fs::TryLockError::Error(e)) => {
                 return Err(Error::io("lock reader lock", "(reader lock)")(e))
             }
