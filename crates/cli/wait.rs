@@ -124,6 +124,11 @@ pub fn wait_for(
     any: bool,
     deadline: Instant,
 ) -> anyhow::Result<Waited> {
+    if ids.is_empty() {
+        return Err(crate::exit::refused(
+            "no request to wait for: give at least one id",
+        ));
+    }
     let done = |known: Option<(State, u32)>| {
         known.is_some_and(|(state, responses)| {
             state.is_terminal() || state == State::InputRequired || (any && responses > 0)

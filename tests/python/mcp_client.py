@@ -77,6 +77,8 @@ async def main():
         expect(wrong.is_error, "bad arguments accepted")
         nobody = await design.call_tool("send", {"to": [], "text": "to no one"})
         expect(nobody.is_error, "a send to no one accepted")
+        no_ids = await design.call_tool("wait", {"ids": []})
+        expect(no_ids.is_error, "a wait for nothing answered")
         try:
             await design.call_tool("delete_everything", {})
             raise SystemExit("unknown tool accepted")
