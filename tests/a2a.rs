@@ -221,7 +221,7 @@ fn bad_requests(task: &str) -> Vec<Bad> {
         "SendMessage",
         &send(&"x".repeat(2 * 1024 * 1024 + 10), &json!({})),
     );
-    let cases = [
+    let mut cases = vec![
         (
             "malformed JSON",
             Some(TOKEN),
@@ -362,6 +362,22 @@ fn bad_requests(task: &str) -> Vec<Bad> {
             -32602,
         ),
     ];
+    // A filter or token of the wrong type is refused, never taken for "none" (which would
+    // list every task, or the first page again).
+    for (what, params) in [
+        ("a contextId that is no string", json!({"contextId": 7})),
+        ("a pageToken that is no string", json!({"pageToken": 7})),
+        (
+            "a timestamp that is no string",
+            json!({"statusTimestampAfter": 7}),
+        ),
+        (
+            "includeArtifacts that is no boolean",
+            json!({"includeArtifacts": "yes"}),
+        ),
+    ] {
+        cases.push((what, Some(TOKEN), call("ListTasks", &params), 200, -32602));
+    }
     cases
         .into_iter()
         .map(|(what, token, body, status, code)| Bad {

@@ -477,12 +477,27 @@ fn task_id(params: &Value) -> Result<String, RpcError> {
 }
 
 fn history_length(params: &Value) -> Result<Option<usize>, RpcError> {
-    match params.get("historyLength") {
+    optional(
+        params,
+        "historyLength",
+        |n| n.as_u64().map(|n| n as usize),
+        "a number of messages",
+    )
+}
+
+/// The field `key` of `params` read by `read`, `None` when absent or null; any other type is
+/// invalid params, not "no filter".
+fn optional<'a, T>(
+    params: &'a Value,
+    key: &str,
+    read: impl Fn(&'a Value) -> Option<T>,
+    what: &str,
+) -> Result<Option<T>, RpcError> {
+    match params.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(n) => n
-            .as_u64()
-            .map(|n| Some(n as usize))
-            .ok_or_else(|| RpcError::invalid_params("historyLength must be a number of messages")),
+        Some(value) => read(value)
+            .map(Some)
+            .ok_or_else(|| RpcError::invalid_params(format!("{key} must be {what}"))),
     }
 }
 
@@ -535,14 +550,12 @@ async fn current_task(who: &Who, id: String, shape: Shape) -> Result<Value, RpcE
 /// `ListTasks`: the caller's requests to this station, filtered, in id order, a page at a
 /// time (`pageToken` is the last id of the page before).
 fn list(who: &Who, params: &Value) -> Result<Value, RpcError> {
-    let context = params.get("contextId").and_then(Value::as_str);
+    let context = optional(params, "contextId", Value::as_str, "a string")?;
     let state = match params.get("status") {
         None | Some(Value::Null) => None,
         Some(status) => proto::parse_state(status)?,
     };
-    let after = params
-        .get("statusTimestampAfter")
-        .and_then(Value::as_str)
+    let after = optional(params, "statusTimestampAfter", Value::as_str, "a string")?
         .map(|t| {
             chrono::DateTime::parse_from_rfc3339(t)
                 .map(|t| t.with_timezone(&chrono::Utc))
@@ -561,15 +574,10 @@ fn list(who: &Who, params: &Value) -> Result<Value, RpcError> {
             }
         },
     };
-    let token = params
-        .get("pageToken")
-        .and_then(Value::as_str)
-        .filter(|t| !t.is_empty());
+    let token = optional(params, "pageToken", Value::as_str, "a string")?.filter(|t| !t.is_empty());
     let shape = Shape {
         history: Some(history_length(params)?.unwrap_or(0)),
-        artifacts: params
-            .get("includeArtifacts")
-            .and_then(Value::as_bool)
+        artifacts: optional(params, "includeArtifacts", Value::as_bool, "a boolean")?
             .unwrap_or(false),
     };
     let view = View::open(&who.gateway.bridge)?;
