@@ -386,6 +386,14 @@ fn compact_seals_and_compresses_the_journal_and_every_view_stays() {
         run.stderr
     );
     assert!(state.join("journal/00000001.jsonl.gz").exists());
+    // With nothing new, a third has nothing to seal, and says so (no judge runs).
+    let run = bridge.doorbell(&["compact"]);
+    assert!(
+        run.stderr
+            .contains("the live journal is empty: nothing to seal"),
+        "{}",
+        run.stderr
+    );
 }
 
 /// A daemon judges a new id without asking the index once its id filter is filled from the

@@ -70,7 +70,10 @@ pub fn compact(session: &Session) -> anyhow::Result<i32> {
     let done = doorbell_store::judge::compact(&bridge).context("compacting the journal")?;
     match done.sealed {
         Some(segment) => eprintln!("sealed journal segment {segment}"),
-        None => eprintln!("a judge is running: the live journal stays as it is"),
+        None if done.judge_running => {
+            eprintln!("a judge is running: the live journal stays as it is");
+        }
+        None => eprintln!("the live journal is empty: nothing to seal"),
     }
     eprintln!(
         "compressed {} sealed segments: {} bytes into {}",

@@ -438,8 +438,10 @@ pub fn once(bridge: Bridge, lock: BridgeLock) -> Result<CatchUp> {
 /// What `compact` did.
 #[derive(Debug, Default)]
 pub struct Compaction {
-    /// The segment sealed, when no other judge ran.
+    /// The segment sealed, when no other judge ran and the live journal held lines.
     pub sealed: Option<u64>,
+    /// Another judge (a daemon) holds the bridge: it seals its live journal itself.
+    pub judge_running: bool,
     pub compressed: crate::segments::Compacted,
 }
 
@@ -448,18 +450,18 @@ pub struct Compaction {
 pub fn compact(bridge: &Bridge) -> Result<Compaction> {
     let state = bridge.state_dir()?;
     let mut done = Compaction::default();
-    let live = match BridgeLock::try_acquire(bridge, "doorbell compact")? {
-        Some(lock) => {
-            let mut judge = Judge::open(bridge.clone(), lock)?;
-            judge.catch_up(Utc::now())?;
-            let sealed = judge.snapshot.segment;
-            if !judge.journal.is_empty() {
-                judge.roll()?;
-                done.sealed = Some(sealed);
-            }
-            judge.snapshot.segment
+    let live = if let Some(lock) = BridgeLock::try_acquire(bridge, "doorbell compact")? {
+        let mut judge = Judge::open(bridge.clone(), lock)?;
+        judge.catch_up(Utc::now())?;
+        let sealed = judge.snapshot.segment;
+        if !judge.journal.is_empty() {
+            judge.roll()?;
+            done.sealed = Some(sealed);
         }
-        None => Snapshot::load(bridge)?.segment,
+        judge.snapshot.segment
+    } else {
+        done.judge_running = true;
+        Snapshot::load(bridge)?.segment
     };
     done.compressed = crate::segments::compress_below(&state, live)?;
     Ok(done)
