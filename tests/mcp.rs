@@ -263,3 +263,19 @@ fn no_cancelled_read_counts_as_read_whenever_the_cancel_comes() {
     drop(raw.to.take());
     let _ = raw.server.wait();
 }
+
+/// A tool call whose params are not the shape of `tools/call` is invalid params (-32602), as
+/// MCP says, not an unknown method; a method the server does not have is -32601.
+#[test]
+fn a_tool_call_of_the_wrong_shape_is_invalid_params() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let mut raw = Raw::start(&bridge, "web");
+    raw.call(2, "read", &serde_json::json!("max=5"));
+    let wrong = raw.answer(2);
+    assert_eq!(wrong["error"]["code"], -32602, "{wrong}");
+    raw.say(&serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/delete"}));
+    let unknown = raw.answer(3);
+    assert_eq!(unknown["error"]["code"], -32601, "{unknown}");
+    drop(raw.to.take());
+    let _ = raw.server.wait();
+}

@@ -480,6 +480,27 @@ fn show(bridge: &Bridge, id: &str) -> anyhow::Result<Value> {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Doorbell {
+    /// A method the SDK could not read: one of the tools' methods whose params are not their
+    /// shape (`"arguments": "text"`) is invalid params, not an unknown method.
+    async fn on_custom_request(
+        &self,
+        request: rmcp::model::CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CustomResult, McpError> {
+        let method = request.method;
+        Err(match method.as_str() {
+            "tools/call" | "tools/list" => McpError::invalid_params(
+                format!("the params of {method} are not its shape (arguments is an object)"),
+                None,
+            ),
+            _ => McpError::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                format!("no method '{method}'"),
+                None,
+            ),
+        })
+    }
+
     /// A cancel of a read already answered: the client ignores the answer (MCP says it
     /// should), so the read is undone.
     fn on_cancelled(
