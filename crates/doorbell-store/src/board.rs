@@ -13,6 +13,7 @@ use chrono::{DateTime, Local, SecondsFormat, TimeZone, Utc};
 use doorbell_core::Request;
 use serde::Serialize;
 
+use crate::bridge::Unread;
 use crate::{Bridge, Result, View};
 
 /// The board's file, in the bridge folder.
@@ -228,19 +229,19 @@ fn remote_warnings(
 /// files (refused), or named close to an inbox without being one.
 fn files_nothing_reads(bridge: &Bridge) -> Result<Vec<String>> {
     let mut warnings = Vec::new();
-    for path in bridge.refused_inboxes()? {
-        warnings.push(format!(
-            "{} is not a regular file and is refused",
-            path.display()
-        ));
-    }
-    for (path, meant) in bridge.near_miss_inboxes()? {
-        warnings.push(match meant {
-            Some(inbox) => format!(
+    for file in bridge.files_nothing_reads()? {
+        warnings.push(match file {
+            Unread::NotRegular(path) => {
+                format!("{} is not a regular file and is refused", path.display())
+            }
+            Unread::NearMiss {
+                path,
+                meant: Some(inbox),
+            } => format!(
                 "{} is no inbox and nothing reads it: was it meant to be {inbox}? (an inbox is named AGENT-inbox.jsonl, the agent's name in lower case)",
                 path.display()
             ),
-            None => format!(
+            Unread::NearMiss { path, meant: None } => format!(
                 "{} is no inbox and nothing reads it (an inbox is named AGENT-inbox.jsonl; an agent's name is lower-case letters, digits, '.', '_' and '-')",
                 path.display()
             ),

@@ -156,30 +156,33 @@ impl Bridge {
 
     /// Inbox-named entries that are not regular files: refused, reported by `status`.
     pub fn refused_inboxes(&self) -> Result<Vec<PathBuf>> {
-        let mut paths = Vec::new();
-        let entries =
-            fs::read_dir(&self.dir).map_err(Error::io("list bridge folder", &self.dir))?;
-        for entry in entries.flatten() {
-            if inbox_name(&entry.file_name().to_string_lossy()).is_some()
-                && !entry.file_type().is_ok_and(|t| t.is_file())
-            {
-                paths.push(entry.path());
-            }
-        }
-        paths.sort();
-        Ok(paths)
+        Ok(self
+            .files_nothing_reads()?
+            .into_iter()
+            .filter_map(|file| match file {
+                Unread::NotRegular(path) => Some(path),
+                Unread::NearMiss { .. } => None,
+            })
+            .collect())
     }
 
-    /// Files in the bridge folder with bytes in them whose names come close to an inbox's
-    /// without being one (`Web-inbox.jsonl`, `web-inbox.json`, `web_inbox.jsonl`): nothing
-    /// reads them, so what a sender wrote there would lie unseen. Each with the inbox it
-    /// was likely meant to be, when that name is a valid one.
-    pub fn near_miss_inboxes(&self) -> Result<Vec<(PathBuf, Option<String>)>> {
+    /// Entries of the bridge folder that look like inboxes and that nothing reads, in one
+    /// listing, sorted by path: inbox-named entries that are not regular files (refused),
+    /// and files with bytes in them whose names come close to an inbox's without being one
+    /// (`Web-inbox.jsonl`, `web-inbox.json`, `web_inbox.jsonl`), where what a sender wrote
+    /// would lie unseen.
+    pub fn files_nothing_reads(&self) -> Result<Vec<Unread>> {
         let mut found = Vec::new();
         let entries =
             fs::read_dir(&self.dir).map_err(Error::io("list bridge folder", &self.dir))?;
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
+            if inbox_name(&name).is_some() {
+                if !entry.file_type().is_ok_and(|t| t.is_file()) {
+                    found.push(Unread::NotRegular(entry.path()));
+                }
+                continue;
+            }
             let Some(meant) = near_miss(&name) else {
                 continue;
             };
@@ -188,10 +191,13 @@ impl Bridge {
                 .is_ok_and(|meta| meta.is_file() && meta.len() > 0);
             if holds_bytes {
                 let meant = is_agent_name(&meant).then(|| format!("{meant}{INBOX_SUFFIX}"));
-                found.push((entry.path(), meant));
+                found.push(Unread::NearMiss {
+                    path: entry.path(),
+                    meant,
+                });
             }
         }
-        found.sort();
+        found.sort_by(|a, b| a.path().cmp(b.path()));
         Ok(found)
     }
 
@@ -325,6 +331,27 @@ pub fn inbox_name(file_name: &str) -> Option<&str> {
     file_name
         .strip_suffix(INBOX_SUFFIX)
         .filter(|name| is_agent_name(name))
+}
+
+/// An entry of the bridge folder that looks like an inbox and that nothing reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unread {
+    /// Named like an inbox, not a regular file (a symlink, FIFO, device): refused.
+    NotRegular(PathBuf),
+    /// A file with bytes, named close to an inbox; `meant` is the inbox it was likely meant
+    /// to be, when that name is a valid one.
+    NearMiss {
+        path: PathBuf,
+        meant: Option<String>,
+    },
+}
+
+impl Unread {
+    pub fn path(&self) -> &Path {
+        match self {
+            Unread::NotRegular(path) | Unread::NearMiss { path, .. } => path,
+        }
+    }
 }
 
 /// The agent a file named `file_name` was likely meant to be the inbox of, when the name

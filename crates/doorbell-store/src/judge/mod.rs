@@ -26,6 +26,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use doorbell_core::{Kind, Limits, Registry};
 
+use crate::bridge::Unread;
 use crate::index::IndexWriter;
 use crate::journal::{JournalWriter, Snapshot};
 use crate::reader::LineReader;
@@ -263,11 +264,15 @@ impl Judge {
     pub fn catch_up(&mut self, now: DateTime<Utc>) -> Result<CatchUp> {
         // A symlink, FIFO or device named like an inbox is never read: say so, loudly, rather
         // than skip it in silence.
-        for path in self.bridge.refused_inboxes()? {
-            tracing::warn!(path = %path.display(), "refusing an inbox that is not a regular file");
-        }
-        for (path, meant) in self.bridge.near_miss_inboxes()? {
-            tracing::warn!(path = %path.display(), meant = meant.as_deref().unwrap_or("-"), "a file named close to an inbox is no inbox: nothing reads it");
+        for file in self.bridge.files_nothing_reads()? {
+            match file {
+                Unread::NotRegular(path) => {
+                    tracing::warn!(path = %path.display(), "refusing an inbox that is not a regular file");
+                }
+                Unread::NearMiss { path, meant } => {
+                    tracing::warn!(path = %path.display(), meant = meant.as_deref().unwrap_or("-"), "a file named close to an inbox is no inbox: nothing reads it");
+                }
+            }
         }
         let before = self.journal.len();
         let mut stats = self.sweep_all(now)?;
