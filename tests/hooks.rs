@@ -748,3 +748,44 @@ fn a_hook_with_no_standard_output_counts_nothing_as_read() {
         "{shown}"
     );
 }
+
+/// A message shown by a hook carries "you owe" only while the ledger says the agent owes it:
+/// not for a request already answered or cancelled, nor for a question on the agent's own
+/// request that it has answered since.
+#[test]
+fn a_hook_says_you_owe_only_what_is_still_owed() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let answered = bridge.request("design", "web", "colour?");
+    bridge.reply(&answered, "web", "completed", &[], "navy");
+    let cancelled = bridge.request("design", "web", "font?");
+    bridge
+        .doorbell(&["cancel", &cancelled, "--from", "design"])
+        .ok();
+    let asked_back = bridge.request("web", "design", "logo size?");
+    bridge.reply(
+        &asked_back,
+        "design",
+        "input-required",
+        &[],
+        "for print or web?",
+    );
+    bridge.reply(&asked_back, "web", "working", &[], "web");
+    let open = bridge.request("design", "web", "margins?");
+    let shown = at(&bridge, "claude", "prompt", "web").expect("new messages");
+    let text = context("claude", event("claude", "prompt"), &shown);
+    let owed: Vec<&str> = text
+        .lines()
+        .filter(|line| line.starts_with("- you owe"))
+        .collect();
+    assert_eq!(owed.len(), 1, "{text}");
+    assert!(
+        owed[0].contains(&format!("doorbell reply {open} ")),
+        "{text}"
+    );
+    for paid in [&answered, &cancelled, &asked_back] {
+        assert!(
+            !owed[0].contains(paid.as_str()),
+            "{paid} is paid, yet: {text}"
+        );
+    }
+}

@@ -403,7 +403,8 @@ fn frame_unread(
             let Some(envelope) = envelope_of(bytes) else {
                 bail!("{} changed at byte {offset} while reading", path.display());
             };
-            if !full && text.message(&envelope, now) {
+            let owed = owed_for(view, agent, &envelope);
+            if !full && text.message(&envelope, owed.as_ref(), now) {
                 shown_to = Some(offset + bytes.len() as u64 + 1);
             } else {
                 full = true;
@@ -418,6 +419,27 @@ fn frame_unread(
         }
     }
     Ok(shown_to.map(|to| (inbox, to)))
+}
+
+/// The open request a message to `agent` puts it in debt for, as the ledger has it now: a
+/// request to it, or an `input-required` on its own request; none once answered, cancelled
+/// or handed back.
+fn owed_for(
+    view: &doorbell_store::View,
+    agent: &str,
+    envelope: &doorbell_core::Envelope<'_>,
+) -> Option<Request> {
+    if *envelope.to != *agent {
+        return None;
+    }
+    let id = match (envelope.kind, envelope.state, &envelope.correlates_to) {
+        (doorbell_core::Kind::Request, _, _) => &*envelope.id,
+        (doorbell_core::Kind::Response, Some(State::InputRequired), Some(request)) => request,
+        _ => return None,
+    };
+    view.request(id)
+        .filter(|r| r.is_open() && r.debtor_station() == agent)
+        .map(std::borrow::Cow::into_owned)
 }
 
 /// Whether a stop is blocked: while requests to the agent are open and neither answered nor
@@ -643,8 +665,14 @@ impl Composer {
         self.body = head;
     }
 
-    /// Frame one message; false when it does not fit.
-    fn message(&mut self, envelope: &doorbell_core::Envelope<'_>, now: DateTime<Utc>) -> bool {
+    /// Frame one message, with the debt it puts on the agent when the ledger says that debt
+    /// is open (`owed`: the request, as the ledger has it now); false when it does not fit.
+    fn message(
+        &mut self,
+        envelope: &doorbell_core::Envelope<'_>,
+        owed: Option<&Request>,
+        now: DateTime<Utc>,
+    ) -> bool {
         let mut head = format!(
             "[doorbell {} message from={} kind={} id={}",
             self.nonce, envelope.from, envelope.kind, envelope.id
@@ -671,21 +699,13 @@ impl Composer {
         frame_lines(&shown, &mut framed);
         let _ = writeln!(framed, "[doorbell {} end]", self.nonce);
         // What the agent owes for this message, and the command that pays it.
-        if *envelope.to == *self.agent {
-            let owed = match (envelope.kind, envelope.state, &envelope.correlates_to) {
-                (doorbell_core::Kind::Request, _, _) => Some((&*envelope.id, "completed")),
-                (doorbell_core::Kind::Response, Some(State::InputRequired), Some(request)) => {
-                    Some((&**request, "working"))
-                }
-                _ => None,
-            };
-            if let Some((request, state)) = owed {
-                let _ = writeln!(
-                    framed,
-                    "- you owe {} an answer: doorbell reply {request} --from {} --state {state} \"…\"",
-                    envelope.from, self.agent
-                );
-            }
+        if let Some(request) = owed {
+            let _ = writeln!(
+                framed,
+                "- you owe {} an answer: {}",
+                request.creditor_station(),
+                answer_command_from(request, Some(&self.agent))
+            );
         }
         let room = self.room();
         if units(&framed) > room {
