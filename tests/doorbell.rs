@@ -953,3 +953,38 @@ fn reply_cancel_show_debts_and_thread() {
     let waited = bridge.doorbell(&["wait", &asked, "--timeout", "10s"]);
     assert_eq!(waited.code, 0, "{waited:?}");
 }
+
+/// A loop's request answered with a question goes to the loop's owner: when the owner is the
+/// human, `debts`, the report and the board all say the human owes it, and the board's
+/// command is the one that pays it (`working`, the requester's side).
+#[test]
+fn a_question_on_a_loops_request_is_owed_by_its_owner_everywhere() {
+    let bridge = Bridge::with_agents(&["web", "human"]);
+    bridge.config("[[loop]]\nname = \"nightly\"\nowner = \"human\"\n");
+    let asked = bridge.request("nightly", "web", "approve the deploy?");
+    bridge.reply(&asked, "web", "input-required", &[], "which environment?");
+    let debts: Value = serde_json::from_str(
+        bridge
+            .doorbell(&["debts", "--owed-by", "human", "--json"])
+            .ok(),
+    )
+    .unwrap();
+    assert_eq!(debts["debts"][0]["request"], asked.as_str(), "{debts}");
+    assert_eq!(debts["debts"][0]["debtor"], "human", "{debts}");
+    let report: Value =
+        serde_json::from_str(bridge.doorbell(&["report", "--format", "json"]).ok()).unwrap();
+    assert_eq!(
+        report["waitingOnHuman"][0]["id"],
+        asked.as_str(),
+        "{report}"
+    );
+    assert_eq!(report["stalled"], serde_json::json!([]), "{report}");
+    let board = bridge.doorbell(&["status", "--format", "markdown"]);
+    let line = board
+        .ok()
+        .lines()
+        .find(|line| line.starts_with(&format!("- {asked}")))
+        .unwrap_or_else(|| panic!("{asked} is not waiting on human: {}", board.stdout))
+        .to_owned();
+    assert!(line.contains("--state working"), "{line}");
+}

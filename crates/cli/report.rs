@@ -46,7 +46,7 @@ fn shown(
     human: &str,
 ) -> bool {
     let silent = (now - request.state_since).to_std().unwrap_or_default();
-    request.is_open() && (request.debtor() == human || silent >= stalled_after)
+    request.is_open() && (request.debtor_station() == human || silent >= stalled_after)
 }
 
 pub fn run(session: &Session, args: &ReportArgs) -> anyhow::Result<i32> {

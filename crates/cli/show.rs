@@ -124,7 +124,7 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
         if request.is_open() {
             out!(
                 "  {} owes {} since {} ({} rings)",
-                request.debtor(),
+                request.debtor_station(),
                 request.creditor(),
                 rfc(request.state_since),
                 request.rings_total
@@ -158,10 +158,14 @@ pub fn debts(session: &Session, args: &DebtsArgs) -> anyhow::Result<i32> {
     let open = view(&bridge)?.debts()?;
     let debts: Vec<DebtOut<'_>> = open
         .iter()
-        .filter(|d| args.owed_by.as_deref().is_none_or(|a| d.debtor() == a))
+        .filter(|d| {
+            args.owed_by
+                .as_deref()
+                .is_none_or(|a| d.debtor_station() == a)
+        })
         .map(|d| DebtOut {
             request: &d.id,
-            debtor: d.debtor(),
+            debtor: d.debtor_station(),
             creditor: d.creditor(),
             state: d.state.as_str(),
             priority: d.priority,

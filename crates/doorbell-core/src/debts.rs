@@ -84,7 +84,7 @@ pub fn next_due(
     if sent < schedule.max_rings {
         return Some((later(last, after(sent)?)?, Due::Ring(sent + 1)));
     }
-    if request.escalated || request.debtor() == human {
+    if request.escalated || request.debtor_station() == human {
         return None;
     }
     Some((later(last, after(sent)?)?, Due::Escalate))

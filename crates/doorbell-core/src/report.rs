@@ -103,7 +103,7 @@ pub fn build(inputs: &Inputs<'_>) -> Report {
         chrono::Duration::from_std(inputs.stalled_after).unwrap_or(chrono::Duration::MAX);
     let item = |r: &Request| Stalled {
         id: r.id.clone(),
-        debtor: r.debtor().to_owned(),
+        debtor: r.debtor_station().to_owned(),
         waiting: r.creditor().to_owned(),
         state: r.state.as_str().to_owned(),
         silent_since: rfc(r.state_since),
@@ -121,10 +121,10 @@ pub fn build(inputs: &Inputs<'_>) -> Report {
     let mut by_debtor: Vec<(String, Vec<Stalled>)> = Vec::new();
     let mut waiting_on_human = Vec::new();
     for request in open {
-        if request.debtor() == inputs.human {
+        if request.debtor_station() == inputs.human {
             waiting_on_human.push(item(request));
         } else if now - request.state_since >= stalled_after {
-            let debtor = request.debtor();
+            let debtor = request.debtor_station();
             match by_debtor.iter_mut().find(|(d, _)| d == debtor) {
                 Some((_, items)) => items.push(item(request)),
                 None => by_debtor.push((debtor.to_owned(), vec![item(request)])),

@@ -136,9 +136,13 @@ impl Sim {
             &|id| own.contains(id),
         );
         assert_eq!(verdict, Verdict::Accepted, "{line}");
-        let accepted = self
+        let mut accepted = self
             .ledger
             .accepted(&envelope.expect("an accepted line has an envelope"));
+        // A loop's request carries the station that answers for it, as the judge sets it.
+        if accepted.kind == doorbell_core::Kind::Request {
+            accepted.owner = self.registry.owners.get(&accepted.from).cloned();
+        }
         self.ledger.apply(accepted, at);
     }
 
@@ -204,7 +208,7 @@ impl Sim {
         let (notice, to) = match due {
             Due::Ring(n) => (
                 ring_note(&request, n, self.schedule.max_rings, now),
-                request.debtor().to_owned(),
+                request.debtor_station().to_owned(),
             ),
             Due::Escalate => (
                 escalation_note(&request, HUMAN, false, now),
@@ -690,6 +694,23 @@ fn a_debt_the_human_owes_is_never_escalated() {
     sim.send(&request("r1", HUMAN, "web"), t(0));
     sim.advance_to(t(0) + a_year());
     assert_eq!(sim.written, standard_schedule(t(0), "r1", "web"));
+}
+
+/// A loop whose owner is the human asked web, and web asked back: the owner, the human, owes
+/// the next move, so it is rung and never escalated (to itself).
+#[test]
+fn a_question_on_a_loops_request_owed_by_the_human_owner_is_never_escalated() {
+    let mut sim = Sim::new(SCHEDULE);
+    sim.registry.loops.insert("nightly".to_owned());
+    sim.registry
+        .owners
+        .insert("nightly".to_owned(), HUMAN.to_owned());
+    sim.send(&request("r1", "nightly", "web"), t(0));
+    sim.send(&response("q1", "web", HUMAN, "r1", "input-required"), t(10));
+    sim.advance_to(t(0) + a_year());
+    let mut expected = standard_schedule(t(10), "r1", HUMAN);
+    expected.pop();
+    assert_eq!(sim.written, expected);
 }
 
 // ---- 8. downtime -------------------------------------------------------------------------

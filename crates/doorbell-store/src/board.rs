@@ -420,12 +420,12 @@ pub fn markdown(view: &mut View, now: DateTime<Utc>) -> Result<String> {
         for r in &waiting {
             let _ = writeln!(
                 out,
-                "- {} from {}, {} for {} (doorbell reply {} --state completed \"…\")",
+                "- {} from {}, {} for {} ({})",
                 cell(&r.id),
                 r.creditor(),
                 r.state,
                 silent_for(r.state_since, now),
-                cell(&r.id)
+                cell(&doorbell_core::debts::answer_command(r))
             );
         }
     }

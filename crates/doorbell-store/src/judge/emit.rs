@@ -157,7 +157,7 @@ impl Judge {
                 // holds its lock, a write fails): the human hears of it instead, once.
                 let due = match due {
                     Due::Ring(_) if self.ring_held_back(r) => {
-                        if r.escalated || r.debtor() == human.as_str() {
+                        if r.escalated || r.debtor_station() == human.as_str() {
                             return None;
                         }
                         Due::Escalate
