@@ -988,3 +988,40 @@ fn a_question_on_a_loops_request_is_owed_by_its_owner_everywhere() {
         .to_owned();
     assert!(line.contains("--state working"), "{line}");
 }
+
+/// A ring held back by a locked inbox is void once its debt is paid meanwhile: when the lock
+/// goes, the debtor is not rung for an answer it already gave.
+#[test]
+fn a_ring_held_back_is_not_written_once_its_debt_is_paid() {
+    let bridge = bridge(&["web", "design", "human"]);
+    let config = config(&bridge, "1s", 1.0, 3);
+    let mut daemon = Daemon::start(&bridge, &["--config", &config]);
+    let id = request(&bridge, "design", "web", "the header colour?");
+    wait_accepted(&bridge, &id);
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .open(bridge.inbox("web"))
+        .unwrap();
+    held.lock().unwrap();
+    daemon.expect_stderr("another process holds this inbox's lock", PATIENCE);
+    bridge
+        .doorbell(&[
+            "reply",
+            &id,
+            "--from",
+            "web",
+            "--state",
+            "completed",
+            "navy",
+        ])
+        .ok();
+    let waited = bridge.doorbell(&["wait", &id, "--timeout", "60s"]);
+    assert!(waited.ok().contains("completed"), "{}", waited.stdout);
+    drop(held);
+    daemon.expect_stderr("a ring that waited for its inbox is void", PATIENCE);
+    assert!(
+        loop_notes(&bridge, "web", &id).is_empty(),
+        "rung after the answer: {}",
+        dump(&bridge)
+    );
+}

@@ -554,6 +554,13 @@ impl Snapshot {
             let at = DateTime::from_timestamp_millis(record.seen_at).unwrap_or_default();
             self.ledger.rang(&ring.request, ring.epoch, due, at);
         }
+        if let (Some(id), None) = (&record.id, &record.write) {
+            // A void intent: the line is never to be written.
+            if self.intents.remove(id).is_some() {
+                self.pending.intents = true;
+            }
+            return;
+        }
         if let (Some(id), Some(line)) = (record.id, record.write) {
             for key in &record.covers {
                 if self.untold.remove(key).is_some() {

@@ -4,7 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
-use doorbell_core::debts::{escalation_note, next_due, ring_id, ring_note, Due, Schedule};
+use doorbell_core::debts::{
+    escalation_id, escalation_note, next_due, ring_id, ring_note, Due, Schedule,
+};
 use doorbell_core::notice::{refusal_notice, RefusedLine, MAX_PER_NOTICE};
 
 use super::{CatchUp, Judge};
@@ -107,7 +109,20 @@ impl Judge {
             .filter(|(id, _)| !self.written.contains(*id))
             .map(|(id, intent)| (id.clone(), intent.clone()))
             .collect();
+        let mut voided = false;
         for (id, intent) in pending {
+            if self.superseded(&id, &intent) {
+                // A ring or escalation held back (its inbox was locked) for a debt paid or
+                // moved on since: it would ring for nothing. It is journaled as void.
+                let mut record =
+                    Record::new(&intent.inbox, 0, 0, Word::Intent, now.timestamp_millis());
+                record.id = Some(id.clone());
+                self.journal.append(&record)?;
+                self.snapshot.apply(record);
+                voided = true;
+                tracing::info!(inbox = %intent.inbox, id = %id, "a ring that waited for its inbox is void: its debt was paid or moved on");
+                continue;
+            }
             let path = self.bridge.inbox_path(&intent.inbox)?;
             // A notice waits a moment for an inbox another process holds, never longer:
             // every other inbox is judged meanwhile, and the notice is written later.
@@ -130,7 +145,37 @@ impl Judge {
                 }
             }
         }
+        if voided {
+            self.journal.flush()?;
+        }
         Ok(targets.into_iter().collect())
+    }
+
+    /// Whether the unwritten intent `id` is a ring or escalation of a debt that is no longer
+    /// open, or is in another epoch now (answered, acknowledged, handed back).
+    fn superseded(&self, id: &str, intent: &crate::journal::Intent) -> bool {
+        if !(id.starts_with("ring:") || id.starts_with("escalation:")) {
+            return false;
+        }
+        let Some(request) = crate::view::envelope_of(intent.line.as_bytes())
+            .and_then(|note| note.correlates_to.map(|r| r.to_string()))
+            .and_then(|r| {
+                self.snapshot
+                    .ledger
+                    .request(&r)
+                    .map(std::borrow::Cow::into_owned)
+            })
+        else {
+            return false;
+        };
+        if !request.is_open() {
+            return true;
+        }
+        let current = match id.rsplit(':').next().and_then(|n| n.parse().ok()) {
+            Some(n) if id.starts_with("ring:") => ring_id(&request, n),
+            _ => escalation_id(&request),
+        };
+        current != id
     }
 
     pub(super) fn schedule(&self) -> Schedule {
