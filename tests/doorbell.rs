@@ -1025,3 +1025,22 @@ fn a_ring_held_back_is_not_written_once_its_debt_is_paid() {
         dump(&bridge)
     );
 }
+
+/// A request's text in the report is data: terminal controls come out escaped, in the text
+/// and markdown forms alike, and a long first line is cut.
+#[test]
+fn the_report_escapes_terminal_controls_and_cuts_long_lines() {
+    let bridge = Bridge::with_agents(&["web", "human"]);
+    bridge.config("[debts]\nstalled_after = \"1s\"\n");
+    let hostile = format!("\u{1b}[2J\u{1b}[31mpwned\u{7} {}", "x".repeat(3000));
+    let id = bridge.request("human", "web", &hostile);
+    bridge.reply(&id, "web", "input-required", &[], "which?");
+    for format in ["text", "markdown"] {
+        let report = bridge.doorbell(&["report", "--format", format]);
+        let out = report.ok();
+        assert!(out.contains(&id), "{format}: {out}");
+        assert!(!out.contains(['\u{1b}', '\u{7}']), "{format}: {out:?}");
+        assert!(out.contains("\\u{1b}[2J"), "{format}: {out}");
+        assert!(!out.contains(&"x".repeat(200)), "{format}: {out}");
+    }
+}

@@ -237,6 +237,27 @@ fn local(t: &str) -> String {
 }
 
 /// A table cell: no pipes or line breaks.
+/// The most of a message's first line a report shows, in characters.
+const SHOWN_CHARS: usize = 120;
+
+/// A message's first line as a report shows it: terminal controls escaped (a text is never
+/// an instruction to the terminal either), cut at [`SHOWN_CHARS`].
+fn shown(text: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == SHOWN_CHARS {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            let _ = write!(out, "\\u{{{:x}}}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn cell(text: &str) -> String {
     text.replace('|', "\\|").replace(['\n', '\r'], " ")
 }
@@ -269,7 +290,7 @@ impl Report {
                     local(&s.silent_since),
                     duration(Some(s.silent_for)),
                     s.rings,
-                    cell(&s.text)
+                    cell(&shown(&s.text))
                 );
             }
             out.push('\n');
@@ -287,7 +308,7 @@ impl Report {
                     s.waiting,
                     s.state,
                     local(&s.silent_since),
-                    cell(&s.text)
+                    cell(&shown(&s.text))
                 );
             }
             out.push('\n');
@@ -345,7 +366,7 @@ impl Report {
                     s.state,
                     duration(Some(s.silent_for)),
                     s.rings,
-                    s.text
+                    shown(&s.text)
                 );
             }
         }
@@ -359,7 +380,7 @@ impl Report {
                     s.waiting,
                     s.state,
                     local(&s.silent_since),
-                    s.text
+                    shown(&s.text)
                 );
             }
         }
