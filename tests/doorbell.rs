@@ -1044,3 +1044,26 @@ fn the_report_escapes_terminal_controls_and_cuts_long_lines() {
         assert!(!out.contains(&"x".repeat(200)), "{format}: {out}");
     }
 }
+
+/// `report --daily` run again the same day covers the same window as the first run (not the
+/// seconds since it), and a `--since` too far back is a clear error, not a panic.
+#[test]
+fn a_second_daily_report_the_same_day_keeps_the_days_window() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let id = bridge.request("design", "web", "colour?");
+    bridge.reply(&id, "web", "completed", &[], "navy");
+    let answered = |path: &std::path::Path| {
+        let text = std::fs::read_to_string(path).unwrap();
+        assert!(text.contains("1 answered in the window"), "{text}");
+    };
+    let (first, _) = daily(&bridge);
+    answered(&first);
+    let (second, _) = daily(&bridge);
+    assert_eq!(first, second);
+    answered(&second);
+    for command in ["report", "export"] {
+        let far = bridge.doorbell(&[command, "--since", "100000000d"]);
+        assert_eq!(far.code, 2, "{command}: {far:?}");
+        assert!(far.stderr.contains("--since"), "{command}: {far:?}");
+    }
+}

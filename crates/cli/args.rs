@@ -284,7 +284,7 @@ pub enum ReportFormat {
 #[derive(Debug, Args)]
 pub struct ReportArgs {
     /// The window: a duration back from now (24h) or an RFC 3339 time (default: since the
-    /// last daily report, else 24 h)
+    /// last daily report, with --daily the last before today's, else 24 h)
     #[arg(long, value_name = "TIME")]
     pub since: Option<String>,
     /// text for a terminal, markdown for files, json for machines (default: text, or markdown

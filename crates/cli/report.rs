@@ -21,16 +21,30 @@ pub fn time_back(flag: &str, text: &str, now: DateTime<Utc>) -> anyhow::Result<D
     }
     let back = doorbell_core::duration::parse_duration(text)
         .map_err(|e| refused(format!("{flag}: {e}; or give an RFC 3339 time")))?;
-    Ok(now - chrono::Duration::from_std(back).unwrap_or(chrono::Duration::MAX))
+    chrono::Duration::from_std(back)
+        .ok()
+        .and_then(|back| now.checked_sub_signed(back))
+        .ok_or_else(|| {
+            refused(format!(
+                "{flag}: {text} goes back before any time this can say"
+            ))
+        })
 }
 
-/// The window's start: `--since`, else the last daily report, else 24 hours ago.
-fn since(bridge: &Bridge, args: &ReportArgs, now: DateTime<Utc>) -> anyhow::Result<DateTime<Utc>> {
+/// The window's start: `--since`, else the last daily report, else 24 hours ago. The daily
+/// report leaves out today's own (a second run the same day covers the same window).
+fn since(
+    bridge: &Bridge,
+    args: &ReportArgs,
+    now: DateTime<Utc>,
+    today: &str,
+) -> anyhow::Result<DateTime<Utc>> {
     if let Some(since) = &args.since {
         return time_back("--since", since, now);
     }
     let last = reports::daily_reports(bridge)?
-        .last()
+        .into_iter()
+        .rfind(|(date, _)| !(args.daily && date == today))
         .and_then(|(_, path)| path.metadata().ok()?.modified().ok())
         .map(DateTime::<Utc>::from);
     Ok(last
@@ -53,7 +67,8 @@ pub fn run(session: &Session, args: &ReportArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let mut view = view(&bridge)?;
     let now = Utc::now();
-    let since = since(&bridge, args, now)?;
+    let date = now.with_timezone(&Local).format("%Y-%m-%d").to_string();
+    let since = since(&bridge, args, now, &date)?;
     let stalled_after = session.config.debts.stalled_after;
     let human = session.config.human.clone();
     let requests = view.report_requests(since)?;
@@ -75,7 +90,6 @@ pub fn run(session: &Session, args: &ReportArgs) -> anyhow::Result<i32> {
         human: session.config.human.clone(),
     };
     let report = build(&inputs);
-    let date = now.with_timezone(&Local).format("%Y-%m-%d").to_string();
     let title = format!("doorbell report {date}");
     if args.daily {
         let path = reports::write_daily(&bridge, &date, &report.markdown(&title))?;
