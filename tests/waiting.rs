@@ -229,3 +229,77 @@ fn a_second_closing_answer_written_before_the_first_is_judged_is_refused_at_once
     assert_eq!(verdicts, ["accepted", "accepted"]);
     daemon.kill();
 }
+
+/// While the judge is stopped, a line that a line written before it (and not judged yet)
+/// would make the judge refuse is refused at once: a second `input-required` from the same
+/// addressee, a `rejected` after its `working`, an id sent again with other content. A retry
+/// of the same message is not refused: the judge takes it for a duplicate.
+#[test]
+fn a_line_that_an_unjudged_line_would_get_refused_is_refused_at_once() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let daemon = crate::util::Daemon::start(&bridge, &[]);
+    let asked = bridge.request("design", "web", "which font?");
+    let other = bridge.request("design", "web", "the footer?");
+    bridge.wait_for(
+        std::time::Duration::from_secs(20),
+        "the requests judged",
+        |b| b.verdict_count() == 2,
+    );
+    daemon.signal("STOP");
+    let refused = |args: &[&str], reason: &str| {
+        let run = bridge.doorbell(args);
+        assert_eq!(run.code, 2, "{args:?}: {run:?}");
+        assert!(run.stderr.contains(reason), "{args:?}: {}", run.stderr);
+    };
+    bridge.reply(&asked, "web", "input-required", &[], "for print?");
+    refused(
+        &[
+            "reply",
+            &asked,
+            "--from",
+            "web",
+            "--state",
+            "input-required",
+            "or web?",
+        ],
+        "bad-transition",
+    );
+    bridge.reply(&other, "web", "working", &[], "on it");
+    refused(
+        &[
+            "reply", &other, "--from", "web", "--state", "rejected", "no",
+        ],
+        "bad-transition",
+    );
+    let note = [
+        "send", "--to", "web", "--from", "design", "--id", "n-1", "hello",
+    ];
+    bridge.doorbell(&note).ok();
+    bridge.doorbell(&note).ok();
+    refused(
+        &[
+            "send", "--to", "web", "--from", "design", "--id", "n-1", "bye",
+        ],
+        "id-reused",
+    );
+    daemon.signal("CONT");
+    bridge.wait_for(
+        std::time::Duration::from_secs(20),
+        "every line judged",
+        |b| b.verdict_count() == 6,
+    );
+    let mut verdicts: Vec<String> = bridge.verdicts().into_iter().map(|v| v.2).collect();
+    verdicts.sort();
+    assert_eq!(
+        verdicts,
+        [
+            "accepted",
+            "accepted",
+            "accepted",
+            "accepted",
+            "accepted",
+            "duplicate"
+        ]
+    );
+    daemon.kill();
+}

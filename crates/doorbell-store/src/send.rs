@@ -5,8 +5,10 @@
 //! not told "sent" for a line that is sure to be refused.
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use doorbell_core::ledger::{transition_allowed, Side};
 use doorbell_core::{
-    is_agent_name, is_id, is_reserved_id, judge_stateless, Limits, Registry, Verdict, BUILTIN_LOOPS,
+    is_agent_name, is_id, is_reserved_id, judge_stateless, Limits, Registry, State, Verdict,
+    BUILTIN_LOOPS,
 };
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -309,8 +311,8 @@ pub fn send_placed(bridge: &Bridge, view: Option<&View>, message: &Message) -> R
         .collect()
 }
 
-/// Append `line`, message `id` from `from` of `kind`, to `to`'s inbox. A response is checked
-/// against what that inbox holds unjudged, under its lock ([`not_closed_unjudged`]).
+/// Append `line`, message `id` from `from` of `kind`, to `to`'s inbox, checked against what
+/// that inbox holds unjudged, under its lock ([`unjudged_conflict`]).
 fn append_one(
     bridge: &Bridge,
     view: Option<&View>,
@@ -321,38 +323,85 @@ fn append_one(
     line: &str,
 ) -> Result<u64> {
     let path = bridge.inbox_path(to)?;
-    let (Some(view), "response", Some(request)) = (view, kind, message.correlates_to.as_deref())
-    else {
+    let Some(view) = view else {
         return append_line(&path, line.as_bytes());
     };
     let judged = view
         .inboxes()
         .get(to)
         .map(|j| ((j.dev, j.ino), j.judged_to));
+    // A response's state as the judge will find it, the lines before it aside.
+    let response = match (kind, message.correlates_to.as_deref()) {
+        ("response", Some(request)) => view.request(request).and_then(|r| {
+            let side = if from == r.addressee {
+                Side::Addressee
+            } else {
+                Side::Requester
+            };
+            let state = message.state.as_deref().and_then(State::parse)?;
+            Some(Answer {
+                request: r.id.clone(),
+                was: r.state,
+                side,
+                state,
+            })
+        }),
+        _ => None,
+    };
+    let limits = Limits {
+        max_line_bytes: usize::MAX,
+    };
+    let new = New {
+        id,
+        fingerprint: judge_stateless(line.as_bytes(), Some(to), &limits)
+            .map_err(|refusal| refused(format!("refused: {refusal}")))?
+            .fingerprint,
+        from,
+        response,
+    };
     crate::append::append_line_checked(
         &path,
         line.as_bytes(),
         crate::append::SENDER_WAIT,
-        |file, len| not_closed_unjudged(file, len, judged, to, (request, from), id),
+        |file, len| unjudged_conflict(file, len, judged, to, &new),
     )
 }
 
-/// The most of an inbox's unjudged tail a response's sender reads for an answer that closed
-/// its request already; past it, the judge is far behind and says so itself.
+/// The most of an inbox's unjudged tail a sender reads for a line its own would conflict
+/// with; past it, the judge is far behind and says so itself.
 const UNJUDGED_SEARCHED: u64 = 4 << 20;
 
-/// Refuse response `id` to `request` from `sender` when `inbox` (`file`, `len` bytes)
-/// holds, past where the judge stopped (`judged`: the file it read and how far), another
-/// response of the same sender that closed the request: the judge would refuse this one as `request-closed`, and its sender must not
-/// be told it was sent. Two answers written at once both passed the pre-check before either
-/// was judged.
-fn not_closed_unjudged(
+/// A line about to be appended, as [`unjudged_conflict`] weighs it.
+struct New<'a> {
+    id: &'a str,
+    /// Equal under one id: a retry, which the judge takes for a duplicate.
+    fingerprint: u64,
+    from: &'a str,
+    response: Option<Answer>,
+}
+
+/// A response: its request, the request's state as the sender's view has it, the sender's
+/// side and the state it moves to.
+struct Answer {
+    request: String,
+    was: State,
+    side: Side,
+    state: State,
+}
+
+/// Refuse `new` when `inbox` (`file`, `len` bytes) holds, past where the judge stopped
+/// (`judged`: the file it read and how far), a line the judge will take first that makes
+/// it refuse `new`: another line under its id (`id-reused`), or the same sender's earlier
+/// answers to the same request, which closed it (`request-closed`) or moved it to a state
+/// `new`'s cannot follow (`bad-transition`). Two lines written at once both pass the
+/// pre-check before either is judged, and a sender must not be told "sent" for a line the
+/// bridge will refuse.
+fn unjudged_conflict(
     file: &std::fs::File,
     len: u64,
     judged: Option<((u64, u64), u64)>,
     inbox: &str,
-    (request, sender): (&str, &str),
-    id: &str,
+    new: &New<'_>,
 ) -> Result<()> {
     use std::os::unix::fs::{FileExt, MetadataExt};
     let meta = file
@@ -372,23 +421,47 @@ fn not_closed_unjudged(
     let limits = Limits {
         max_line_bytes: usize::MAX,
     };
+    let mut state = new.response.as_ref().map(|answer| answer.was);
     for line in tail.split(|b| *b == b'\n') {
         let Ok(envelope) = judge_stateless(line, Some(inbox), &limits) else {
             continue;
         };
-        if envelope.id != id
-            && envelope.from == sender
-            && envelope.correlates_to.as_deref() == Some(request)
-            && envelope
-                .state
-                .is_some_and(doorbell_core::State::is_terminal)
-        {
-            return Err(refused(format!(
-                "refused: request-closed: {request} is closed by {} ({}), written and not judged yet",
-                envelope.id,
-                envelope.state.map_or("", doorbell_core::State::as_str)
-            )));
+        if envelope.id == new.id {
+            if envelope.fingerprint != new.fingerprint {
+                return Err(refused(format!(
+                    "refused: id-reused: {} is in {inbox}'s inbox already with other content, written and not judged yet",
+                    new.id
+                )));
+            }
+            continue;
         }
+        let (Some(answer), Some(now), Some(next)) = (&new.response, state, envelope.state) else {
+            continue;
+        };
+        if envelope.from == new.from
+            && envelope.correlates_to.as_deref() == Some(answer.request.as_str())
+            && transition_allowed(now, answer.side, next)
+        {
+            state = Some(next);
+        }
+    }
+    let (Some(answer), Some(now)) = (&new.response, state) else {
+        return Ok(());
+    };
+    if now == answer.was {
+        return Ok(());
+    }
+    if now.is_terminal() {
+        return Err(refused(format!(
+            "refused: request-closed: {} is {now} by an answer written and not judged yet",
+            answer.request
+        )));
+    }
+    if !transition_allowed(now, answer.side, answer.state) {
+        return Err(refused(format!(
+            "refused: bad-transition: {} is {now} by an answer written and not judged yet; {} cannot follow it",
+            answer.request, answer.state
+        )));
     }
     Ok(())
 }
