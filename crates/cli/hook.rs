@@ -403,8 +403,7 @@ fn frame_unread(
             let Some(envelope) = envelope_of(bytes) else {
                 bail!("{} changed at byte {offset} while reading", path.display());
             };
-            let owed = owed_for(view, agent, &envelope);
-            if !full && text.message(&envelope, owed.as_ref(), now) {
+            if !full && text.message(&envelope, owed_for(view, agent, &envelope).as_ref(), now) {
                 shown_to = Some(offset + bytes.len() as u64 + 1);
             } else {
                 full = true;
@@ -703,7 +702,7 @@ impl Composer {
             let _ = writeln!(
                 framed,
                 "- you owe {} an answer: {}",
-                request.creditor_station(),
+                doorbell_core::debts::waiting(request),
                 answer_command_from(request, Some(&self.agent))
             );
         }

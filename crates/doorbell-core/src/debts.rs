@@ -181,7 +181,8 @@ pub fn ring_note(request: &Request, n: u32, max_rings: u32, now: DateTime<Utc>) 
 }
 
 /// Who waits, as a ring says it: a loop that asked is named with the owner its answer goes to.
-fn waiting(request: &Request) -> String {
+#[must_use]
+pub fn waiting(request: &Request) -> String {
     match &request.owner {
         Some(owner) if request.creditor() == request.requester => {
             format!("{} (its owner {owner} gets the answer)", request.requester)
