@@ -38,20 +38,7 @@ pub fn age(at: DateTime<Utc>, now: DateTime<Utc>) -> String {
     format!("{ago} · {}", local.format("%a %-d %b %H:%M"))
 }
 
-/// Text safe for a terminal: control characters other than newline and tab become escapes.
-pub fn printable(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\n' | '\t' => out.push(c),
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{{{:x}}}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out
-}
+pub use doorbell_core::report::printable;
 
 /// Wrap text at `width` columns, keeping the writer's own line breaks, indenting each line.
 pub fn wrap(text: &str, width: usize, indent: &str) -> String {

@@ -236,28 +236,36 @@ fn local(t: &str) -> String {
     )
 }
 
-/// A table cell: no pipes or line breaks.
 /// The most of a message's first line a report shows, in characters.
 const SHOWN_CHARS: usize = 120;
 
-/// A message's first line as a report shows it: terminal controls escaped (a text is never
-/// an instruction to the terminal either), cut at [`SHOWN_CHARS`].
-fn shown(text: &str) -> String {
-    let mut out = String::new();
-    for (i, c) in text.chars().enumerate() {
-        if i == SHOWN_CHARS {
-            out.push('…');
-            break;
-        }
-        if c.is_control() {
-            let _ = write!(out, "\\u{{{:x}}}", c as u32);
-        } else {
-            out.push(c);
+/// Text safe for a terminal: control characters other than newline and tab become escapes.
+#[must_use]
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' | '\t' => out.push(c),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
         }
     }
     out
 }
 
+/// A message's first line as a report shows it: [`printable`] (a text is never an
+/// instruction to the terminal either), cut at [`SHOWN_CHARS`].
+fn shown(text: &str) -> String {
+    let mut cut: String = text.chars().take(SHOWN_CHARS).collect();
+    if cut.len() < text.len() {
+        cut.push('…');
+    }
+    printable(&cut)
+}
+
+/// A table cell: no pipes or line breaks.
 fn cell(text: &str) -> String {
     text.replace('|', "\\|").replace(['\n', '\r'], " ")
 }
