@@ -994,7 +994,8 @@ fn a_question_on_a_loops_request_is_owed_by_its_owner_everywhere() {
 #[test]
 fn a_ring_held_back_is_not_written_once_its_debt_is_paid() {
     let bridge = bridge(&["web", "design", "human"]);
-    let config = config(&bridge, "1s", 1.0, 3);
+    // Long enough for the lock to be taken before ring 1 falls due on a loaded machine.
+    let config = config(&bridge, "5s", 1.0, 3);
     let mut daemon = Daemon::start(&bridge, &["--config", &config]);
     let id = request(&bridge, "design", "web", "the header colour?");
     wait_accepted(&bridge, &id);
