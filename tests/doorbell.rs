@@ -312,6 +312,27 @@ fn an_unanswered_request_rings_twice_then_escalates_once_then_stays_quiet() {
     }
 }
 
+/// A daemon on a schedule of `ring_after` and `max_rings` (backoff 1), design's request to
+/// web accepted, then web's inbox locked as a hung process would hold it, until the file
+/// returned is dropped; the daemon has said that it waits.
+fn asked_and_locked(
+    bridge: &Bridge,
+    ring_after: &str,
+    max_rings: u32,
+) -> (Daemon, String, std::fs::File) {
+    let config = config(bridge, ring_after, 1.0, max_rings);
+    let mut daemon = Daemon::start(bridge, &["--config", &config]);
+    let id = request(bridge, "design", "web", "the header colour?");
+    wait_accepted(bridge, &id);
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .open(bridge.inbox("web"))
+        .unwrap();
+    held.lock().unwrap();
+    daemon.expect_stderr("another process holds this inbox's lock", PATIENCE);
+    (daemon, id, held)
+}
+
 /// The debtor's inbox is locked by a hung process, so ring 1 cannot be written. No ring 2
 /// piles up behind it; when ring 2 was due, the human is told instead, with the truth: no
 /// ring written yet. Once the lock goes, ring 1 is written, ring 2 one interval after it,
@@ -319,16 +340,7 @@ fn an_unanswered_request_rings_twice_then_escalates_once_then_stays_quiet() {
 #[test]
 fn rings_wait_for_the_ring_a_locked_inbox_has_not_got_and_do_not_pile_up() {
     let bridge = bridge(&["web", "design", "ops", "human"]);
-    let config = config(&bridge, "1s", 1.0, 2);
-    let mut daemon = Daemon::start(&bridge, &["--config", &config]);
-    let id = request(&bridge, "design", "web", "the header colour?");
-    wait_accepted(&bridge, &id);
-    let held = std::fs::OpenOptions::new()
-        .read(true)
-        .open(bridge.inbox("web"))
-        .unwrap();
-    held.lock().unwrap();
-    daemon.expect_stderr("another process holds this inbox's lock", PATIENCE);
+    let (_daemon, id, held) = asked_and_locked(&bridge, "1s", 2);
     let escalations = wait_notes(&bridge, "human", &id, 1);
     let text = message(&bridge, "human", &escalations[0])["message"]["parts"][0]["text"]
         .as_str()
@@ -995,27 +1007,8 @@ fn a_question_on_a_loops_request_is_owed_by_its_owner_everywhere() {
 fn a_ring_held_back_is_not_written_once_its_debt_is_paid() {
     let bridge = bridge(&["web", "design", "human"]);
     // Long enough for the lock to be taken before ring 1 falls due on a loaded machine.
-    let config = config(&bridge, "5s", 1.0, 3);
-    let mut daemon = Daemon::start(&bridge, &["--config", &config]);
-    let id = request(&bridge, "design", "web", "the header colour?");
-    wait_accepted(&bridge, &id);
-    let held = std::fs::OpenOptions::new()
-        .read(true)
-        .open(bridge.inbox("web"))
-        .unwrap();
-    held.lock().unwrap();
-    daemon.expect_stderr("another process holds this inbox's lock", PATIENCE);
-    bridge
-        .doorbell(&[
-            "reply",
-            &id,
-            "--from",
-            "web",
-            "--state",
-            "completed",
-            "navy",
-        ])
-        .ok();
+    let (mut daemon, id, held) = asked_and_locked(&bridge, "5s", 3);
+    bridge.reply(&id, "web", "completed", &[], "navy");
     let waited = bridge.doorbell(&["wait", &id, "--timeout", "60s"]);
     assert!(waited.ok().contains("completed"), "{}", waited.stdout);
     drop(held);
