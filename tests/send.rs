@@ -216,3 +216,65 @@ fn text_from_stdin_drops_trailing_newlines_only() {
         "\n line one\n\tline two "
     );
 }
+
+/// A config changed while the daemon runs is not the judge's until it reloads: a sender that
+/// only the file knows is refused at once with how to reload, and a line over the judge's
+/// limit though under the file's is refused at once, not said sent and refused a moment
+/// later. After SIGHUP both go.
+#[test]
+fn a_send_goes_by_the_running_judges_config_until_it_reloads() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let daemon = crate::util::Daemon::start(&bridge, &[]);
+    let names = bridge.dir().join(".doorbell/names");
+    let published = |what: &str| {
+        std::fs::read_to_string(&names)
+            .unwrap_or_default()
+            .contains(what)
+    };
+    bridge.wait_for(
+        std::time::Duration::from_secs(20),
+        "the names published",
+        |_| published("limit max_line_bytes 1048576"),
+    );
+    bridge.config("max_line_bytes = 2000000\n\n[[loop]]\nname = \"cron\"\n");
+    let cron = bridge.doorbell(&[
+        "send",
+        "--from",
+        "cron",
+        "--to",
+        "web",
+        "nightly build done",
+    ]);
+    assert_eq!(cron.code, 2, "{cron:?}");
+    assert!(cron.stderr.contains("reload"), "{}", cron.stderr);
+    let long = "x".repeat(1_500_000);
+    let big = bridge.doorbell_stdin(
+        &["send", "--from", "design", "--to", "web", "-"],
+        long.as_bytes(),
+    );
+    assert_eq!(big.code, 2, "{big:?}");
+    assert!(big.stderr.contains("line-too-long"), "{}", big.stderr);
+    daemon.signal("HUP");
+    bridge.wait_for(
+        std::time::Duration::from_secs(20),
+        "the new names published",
+        |_| published("loop cron") && published("limit max_line_bytes 2000000"),
+    );
+    bridge
+        .doorbell(&[
+            "send",
+            "--from",
+            "cron",
+            "--to",
+            "web",
+            "nightly build done",
+        ])
+        .ok();
+    bridge
+        .doorbell_stdin(
+            &["send", "--from", "design", "--to", "web", "-"],
+            long.as_bytes(),
+        )
+        .ok();
+    daemon.kill();
+}

@@ -27,10 +27,15 @@ pub const NAMES_FILE: &str = "names";
 /// entries) and its loops, one per line as `station NAME`, `loop NAME` or `loop NAME OWNER`.
 /// A station with an inbox is known by its file.
 #[must_use]
-pub fn names_file(registry: &Registry, inboxes: &std::collections::BTreeSet<String>) -> String {
+pub fn names_file(
+    registry: &Registry,
+    inboxes: &std::collections::BTreeSet<String>,
+    max_line_bytes: usize,
+) -> String {
     let mut text = String::from(
         "# The judge's names, kept by the daemon for scripts/doorbell-send (which cannot read the config).\n",
     );
+    text.extend(["limit max_line_bytes ", &max_line_bytes.to_string(), "\n"]);
     for station in registry.stations.difference(inboxes) {
         text.extend(["station ", station, "\n"]);
     }
@@ -211,6 +216,36 @@ impl Bridge {
             .open(path)
             .ok()?;
         std::io::read_to_string(file).ok()
+    }
+
+    /// What the judge that wrote `.doorbell/names` goes by: its registry (its stations
+    /// without an inbox and its loops, with the inboxes listed now) and its line limit; `None`
+    /// when no judge published them.
+    pub fn published_registry(&self) -> Result<Option<(Registry, Option<usize>)>> {
+        let Some(text) = self.published_names() else {
+            return Ok(None);
+        };
+        let mut registry = Registry::default();
+        registry.stations.extend(self.inboxes()?);
+        let mut limit = None;
+        for line in text.lines() {
+            match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+                ["station", name] => {
+                    registry.stations.insert((*name).to_owned());
+                }
+                ["loop", name, owner @ ..] => {
+                    registry.loops.insert((*name).to_owned());
+                    if let [owner] = owner {
+                        registry
+                            .owners
+                            .insert((*name).to_owned(), (*owner).to_owned());
+                    }
+                }
+                ["limit", "max_line_bytes", n] => limit = n.parse().ok(),
+                _ => {}
+            }
+        }
+        Ok(Some((registry, limit)))
     }
 
     /// Replace `.doorbell/names` with `text` (see [`names_file`]).

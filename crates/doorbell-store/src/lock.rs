@@ -105,6 +105,20 @@ impl Drop for BridgeLock {
     }
 }
 
+/// The running daemon (or other long-lived judge) that holds the bridge's lock, as it named
+/// itself; `None` when no process holds it, or a command's short catch-up does.
+#[must_use]
+pub fn running_judge(bridge: &Bridge) -> Option<String> {
+    let (file, _) = lock_file(bridge).ok()?;
+    flock_holder(&file)?;
+    let role = holder(bridge);
+    let transient = role == UNKNOWN
+        || TRANSIENT
+            .iter()
+            .any(|r| role.ends_with(&format!("({r})")));
+    (!transient).then_some(role)
+}
+
 /// The roles of judges that catch up and let go: worth waiting for.
 pub const TRANSIENT: [&str; 2] = ["doorbell catch-up", "doorbell daemon --once"];
 

@@ -185,6 +185,40 @@ fn checked(bridge: &Bridge, message: &Message) -> Result<(String, String, Vec<St
     Ok((from, kind, recipients, registry))
 }
 
+/// The registry and line limit a running judge goes by, as it published them: the config
+/// file may have changed since it loaded it. A sender it does not know is refused here, with
+/// how to make it load the file; without a running judge, the file's.
+fn judges_terms(
+    bridge: &Bridge,
+    view: Option<&View>,
+    (from, kind): (&str, &str),
+    registry: Registry,
+) -> Result<(Registry, usize)> {
+    let file_limit = bridge.max_line_bytes();
+    let holder = match view {
+        Some(view) => view.judge().map(str::to_owned),
+        None => crate::lock::running_judge(bridge),
+    };
+    let (Some(holder), Some((judges, limit))) = (holder, bridge.published_registry()?) else {
+        return Ok((registry, file_limit));
+    };
+    let reload = || {
+        format!(
+            "the running judge ({holder}) has not loaded the config as it is now: reload it (SIGHUP, or `systemctl --user reload doorbell`) and send again"
+        )
+    };
+    if !judges.knows(from) {
+        return Err(refused(format!(
+            "unknown sender '{from}' to the running judge: {}",
+            reload()
+        )));
+    }
+    if let Some(why) = doorbell_core::judge::loop_refusal(&judges, from, kind_of(kind)) {
+        return Err(refused(format!("refused: bad-field: {why}; {}", reload())));
+    }
+    Ok((judges, limit.unwrap_or(file_limit)))
+}
+
 fn kind_of(kind: &str) -> doorbell_core::Kind {
     doorbell_core::Kind::parse(kind).unwrap_or(doorbell_core::Kind::Note)
 }
@@ -211,6 +245,7 @@ pub struct Placed {
 /// its own line looks for it there.
 pub fn send_placed(bridge: &Bridge, view: Option<&View>, message: &Message) -> Result<Vec<Placed>> {
     let (from, kind, recipients, registry) = checked(bridge, message)?;
+    let (registry, max_line_bytes) = judges_terms(bridge, view, (&from, &kind), registry)?;
     let now: DateTime<Utc> = Utc::now();
     let created_at = now.to_rfc3339_opts(SecondsFormat::Millis, true);
     let base_id = message
@@ -218,9 +253,7 @@ pub fn send_placed(bridge: &Bridge, view: Option<&View>, message: &Message) -> R
         .clone()
         .unwrap_or_else(|| ulid::Ulid::new().to_string());
     let broadcast = recipients.len() > 1;
-    let limits = Limits {
-        max_line_bytes: bridge.max_line_bytes(),
-    };
+    let limits = Limits { max_line_bytes };
     let mut parts = Vec::new();
     if let Some(text) = &message.text {
         parts.push(OutPart::Text { text });

@@ -243,7 +243,11 @@ impl Judge {
     /// read the config, refuses what this judge would. Written only when it changes; a failed
     /// write is retried at the next refresh and never stops judging.
     fn publish_names(&mut self) {
-        let text = crate::bridge::names_file(&self.registry, &self.inbox_names);
+        let text = crate::bridge::names_file(
+            &self.registry,
+            &self.inbox_names,
+            self.limits.max_line_bytes,
+        );
         if self.published_names.as_ref() == Some(&text) {
             return;
         }
