@@ -137,10 +137,27 @@ fn human_output_escapes_terminal_controls() {
             "hi \u{1b}[2J there",
         ])
         .ok();
+    // Marks that reorder what a terminal shows, and a line separator, come out escaped too.
+    bridge
+        .doorbell(&[
+            "send",
+            "--to",
+            "web",
+            "--from",
+            "design",
+            "--",
+            "pay \u{202e}01$\u{202c} now\u{2028}\u{2066}x\u{2069}",
+        ])
+        .ok();
     let out = bridge.doorbell(&["read", "web"]);
     let text = out.ok();
     assert!(!text.contains('\u{1b}'), "{text:?}");
     assert!(text.contains("hi \\u{1b}[2J there"), "{text}");
+    assert!(
+        !text.contains(['\u{202e}', '\u{202c}', '\u{2028}', '\u{2066}', '\u{2069}']),
+        "{text:?}"
+    );
+    assert!(text.contains("pay \\u{202e}01$\\u{202c} now"), "{text}");
     assert!(text.contains("note design → web"), "{text}");
 }
 

@@ -755,10 +755,9 @@ impl Composer {
 /// A message's text as frame lines: terminal controls escaped, and every line break a
 /// model may read as one (also U+0085, U+2028, U+2029) starts a new `| ` line.
 fn frame_lines(text: &str, out: &mut String) {
-    let text = printable(text);
     for line in text.split(['\n', '\u{85}', '\u{2028}', '\u{2029}']) {
         out.push_str("| ");
-        out.push_str(line);
+        out.push_str(&printable(line));
         out.push('\n');
     }
 }

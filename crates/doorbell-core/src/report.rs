@@ -239,14 +239,27 @@ fn local(t: &str) -> String {
 /// The most of a message's first line a report shows, in characters.
 const SHOWN_CHARS: usize = 120;
 
-/// Text safe for a terminal: control characters other than newline and tab become escapes.
+/// Text safe for a terminal: control characters other than newline and tab become escapes,
+/// and so do the marks that reorder text shown right to left (a message could make its own
+/// text, or the line around it, read otherwise than it is) and the Unicode line separators.
 #[must_use]
 pub fn printable(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
             '\n' | '\t' => out.push(c),
-            c if c.is_control() => {
+            c if c.is_control()
+                || matches!(
+                    c,
+                    '\u{61c}'
+                        | '\u{200e}'
+                        | '\u{200f}'
+                        | '\u{202a}'..='\u{202e}'
+                        | '\u{2066}'..='\u{2069}'
+                        | '\u{2028}'
+                        | '\u{2029}'
+                ) =>
+            {
                 let _ = write!(out, "\\u{{{:x}}}", c as u32);
             }
             c => out.push(c),

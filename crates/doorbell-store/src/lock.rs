@@ -112,10 +112,7 @@ pub fn running_judge(bridge: &Bridge) -> Option<String> {
     let (file, _) = lock_file(bridge).ok()?;
     flock_holder(&file)?;
     let role = holder(bridge);
-    let transient = role == UNKNOWN
-        || TRANSIENT
-            .iter()
-            .any(|r| role.ends_with(&format!("({r})")));
+    let transient = role == UNKNOWN || TRANSIENT.iter().any(|r| role.ends_with(&format!("({r})")));
     (!transient).then_some(role)
 }
 
