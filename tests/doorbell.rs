@@ -1061,3 +1061,33 @@ fn a_second_daily_report_the_same_day_keeps_the_days_window() {
         assert!(far.stderr.contains("--since"), "{command}: {far:?}");
     }
 }
+
+/// Questions asked wrong get a plain answer, not an empty one: debts owed by a name that is
+/// no station, a report window that starts in the future, an answer to a note.
+#[test]
+fn wrong_questions_get_plain_answers() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let refused = |args: &[&str], says: &str| {
+        let run = bridge.doorbell(args);
+        assert_eq!(run.code, 2, "{args:?}: {run:?}");
+        assert!(run.stderr.contains(says), "{args:?}: {}", run.stderr);
+    };
+    refused(&["debts", "--owed-by", "nobody"], "no station 'nobody'");
+    refused(
+        &["report", "--since", "2999-01-01T00:00:00Z"],
+        "is in the future",
+    );
+    let note = bridge.send("design", "web", "fyi: the logo is 32px");
+    refused(
+        &[
+            "reply",
+            &note,
+            "--from",
+            "web",
+            "--state",
+            "completed",
+            "ok",
+        ],
+        "not a request",
+    );
+}

@@ -40,7 +40,14 @@ fn since(
     today: &str,
 ) -> anyhow::Result<DateTime<Utc>> {
     if let Some(since) = &args.since {
-        return time_back("--since", since, now);
+        let since = time_back("--since", since, now)?;
+        if since > now {
+            return Err(refused(format!(
+                "--since: {} is in the future: the window ends now",
+                since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            )));
+        }
+        return Ok(since);
     }
     let last = reports::daily_reports(bridge)?
         .into_iter()

@@ -155,6 +155,16 @@ struct DebtOut<'a> {
 
 pub fn debts(session: &Session, args: &DebtsArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
+    if let Some(name) = &args.owed_by {
+        let registry = bridge.registry()?;
+        if !registry.stations.contains(name) {
+            let known: Vec<&str> = registry.stations.iter().map(String::as_str).collect();
+            return Err(crate::exit::refused(format!(
+                "--owed-by: no station '{name}' (known: {}); only a station owes",
+                known.join(", ")
+            )));
+        }
+    }
     let open = view(&bridge)?.debts()?;
     let debts: Vec<DebtOut<'_>> = open
         .iter()

@@ -543,9 +543,22 @@ impl View {
         let from =
             from.ok_or_else(|| refused("who is answering? give --from or set DOORBELL_AGENT"))?;
         let Some(request) = self.request(id) else {
-            return Err(refused(format!(
-                "no request '{id}' in the ledger (doorbell debts lists the open ones)"
-            )));
+            // Say what the id is when it is a message, so an answer is not looked for in vain.
+            let what = match self.message(id).ok().flatten() {
+                Some(found) if found.verdict == crate::journal::Word::Accepted => {
+                    format!(
+                        "'{id}' is a note or a response, not a request: only a request is answered"
+                    )
+                }
+                Some(found) => format!(
+                    "'{id}' was not accepted ({}): there is no request to answer",
+                    found.reason.as_deref().unwrap_or("a duplicate")
+                ),
+                None => {
+                    format!("no request '{id}' in the ledger (doorbell debts lists the open ones)")
+                }
+            };
+            return Err(refused(what));
         };
         // A loop's request is answered to its owner, who also speaks for the loop.
         let to = if from == request.addressee {
