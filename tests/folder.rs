@@ -1083,3 +1083,79 @@ fn status_names_a_file_named_close_to_an_inbox_that_nothing_reads() {
         );
     }
 }
+
+/// An inbox rewritten with a line before its reader's cursor removed (`sed -i`, with or without
+/// a daemon): the file is new, its lines are duplicates of the old file's. Those the reader
+/// had read stay read; those it had not are shown, once each, never hidden.
+#[test]
+fn an_inbox_rewritten_before_its_cursor_still_shows_what_was_unread_and_only_that() {
+    for daemon in [false, true] {
+        let bridge = Bridge::with_agents(&["web", "design"]);
+        let running = daemon.then(|| crate::util::Daemon::start(&bridge, &[]));
+        bridge.append_raw("web", b"garbage the sender never meant\n");
+        let texts = ["one", "two", "three"];
+        let shown = || -> Vec<String> {
+            bridge
+                .read_json("web", &[])
+                .iter()
+                .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        // "one" is read; "two" and "three" are not.
+        let mut ids = vec![bridge.send("design", "web", texts[0])];
+        assert_eq!(shown(), ids, "daemon {daemon}");
+        ids.extend(texts[1..].iter().map(|t| bridge.send("design", "web", t)));
+        // All judged (and unread) before the rewrite.
+        if daemon {
+            bridge.wait_for(
+                std::time::Duration::from_secs(20),
+                "the lines judged",
+                |b| b.verdict_count() == 1 + texts.len(),
+            );
+        } else {
+            bridge.doorbell(&["daemon", "--once"]).ok();
+        }
+        // The garbage line goes, as `sed -i 1d` does it: a new file in the inbox's place.
+        let inbox = bridge.inbox("web");
+        let bytes = std::fs::read(&inbox).unwrap();
+        let rest = &bytes[bytes.iter().position(|b| *b == b'\n').unwrap() + 1..];
+        let tmp = bridge.dir().join("web-inbox.sed");
+        std::fs::write(&tmp, rest).unwrap();
+        std::fs::rename(&tmp, &inbox).unwrap();
+        if daemon {
+            bridge.wait_for(
+                std::time::Duration::from_secs(20),
+                "the rewritten inbox judged",
+                |b| b.verdict_count() == 4 + texts.len(),
+            );
+        }
+        assert_eq!(shown(), ids[1..], "daemon {daemon}");
+        assert!(shown().is_empty(), "daemon {daemon}: shown twice");
+        drop(running);
+    }
+}
+
+/// A copy shown again after a rewrite is no second message: the request it carries, answered
+/// before, stays answered, and its id is claimed once.
+#[test]
+fn a_copy_shown_again_after_a_rewrite_is_no_second_message() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let asked = bridge.request("design", "web", "which colour?");
+    bridge.reply(&asked, "web", "completed", &[], "navy");
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    // A line put in front: a new file, the request a copy in it; web never read it.
+    let inbox = bridge.inbox("web");
+    let mut bytes = b"a line in front\n".to_vec();
+    bytes.extend(std::fs::read(&inbox).unwrap());
+    let tmp = bridge.dir().join("web-inbox.new");
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, &inbox).unwrap();
+    let shown: Vec<serde_json::Value> = bridge.read_json("web", &[]);
+    assert_eq!(shown.len(), 1, "{shown:?}");
+    assert_eq!(shown[0]["envelope"]["id"], asked.as_str());
+    let debts = bridge.doorbell(&["debts", "--json"]);
+    assert_eq!(debts.ok().trim(), r#"{"debts":[]}"#);
+    let show: serde_json::Value =
+        serde_json::from_str(bridge.doorbell(&["show", &asked, "--json"]).ok()).unwrap();
+    assert_eq!(show["state"], "completed", "{show}");
+}

@@ -281,7 +281,13 @@ fn op() -> impl Strategy<Value = Op> {
 enum Expect {
     Accepted,
     Duplicate,
-    Refused { reason: &'static str, tell: bool },
+    /// A duplicate of a message accepted in an earlier file of the same inbox, which no
+    /// reader read (the model has none): shown to the reader once more in this file.
+    ShownAgain,
+    Refused {
+        reason: &'static str,
+        tell: bool,
+    },
 }
 
 fn refused(reason: &'static str, tell: bool) -> Expect {
@@ -348,6 +354,10 @@ struct Model {
     inboxes: BTreeMap<String, Vec<Instance>>,
     /// Accepted ids and their content.
     claims: HashMap<String, String>,
+    /// Where each accepted id was accepted: its inbox and the index of the file there.
+    accepted_in: HashMap<String, (String, usize)>,
+    /// Per inbox and file, the ids shown again there.
+    shown_again: HashSet<(String, usize, String)>,
     requests: BTreeMap<String, Req>,
     sent: Vec<Sent>,
     /// The strict config is in force.
@@ -447,11 +457,22 @@ impl Model {
             return refused("unknown-sender", false);
         }
         if let Some(content) = self.claims.get(&env.id) {
-            return if *content == env.content {
-                Expect::Duplicate
-            } else {
-                refused("id-reused", station)
-            };
+            if *content != env.content {
+                return refused("id-reused", station);
+            }
+            let file = self.inboxes[owner].len() - 1;
+            let earlier = self
+                .accepted_in
+                .get(&env.id)
+                .is_some_and(|(inbox, at)| inbox == owner && *at < file);
+            if earlier
+                && self
+                    .shown_again
+                    .insert((owner.to_owned(), file, env.id.clone()))
+            {
+                return Expect::ShownAgain;
+            }
+            return Expect::Duplicate;
         }
         if let Some(id) = &env.correlates {
             let Some(r) = request else {
@@ -479,6 +500,9 @@ impl Model {
             }
         }
         self.claims.insert(env.id.clone(), env.content.clone());
+        let file = self.inboxes[owner].len() - 1;
+        self.accepted_in
+            .insert(env.id.clone(), (owner.to_owned(), file));
         if env.kind == "request" {
             self.requests.insert(
                 env.id.clone(),
@@ -1640,6 +1664,11 @@ impl Case {
                                 && record.accepted.as_ref().map(|a| &a.id) == written.id.as_ref()
                         }
                         Expect::Duplicate => record.verdict == "d",
+                        Expect::ShownAgain => {
+                            record.verdict == "a"
+                                && record.accepted.is_none()
+                                && record.id == written.id
+                        }
                         Expect::Refused { reason, tell } => {
                             let told_before = *tell
                                 && !record.tell

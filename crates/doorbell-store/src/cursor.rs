@@ -159,6 +159,28 @@ fn validate(saved: Option<CursorFile>, inbox: &File) -> Result<Position> {
     })
 }
 
+/// Which file `agent`'s cursor was saved for (its device and inode) and its offset there,
+/// read while no other process is in a reader's turn (one may be printing what it has not
+/// moved the cursor over yet): `Some(None)` when the agent has no cursor (it read nothing
+/// yet), `None` when another reader is in its turn or the cursor cannot be read.
+#[must_use]
+pub fn settled_place(bridge: &Bridge, agent: &str) -> Option<Option<(u64, u64, u64)>> {
+    let _turn = match reading_within(bridge, agent, std::time::Duration::ZERO) {
+        Ok(turn) => Some(turn),
+        // This process's own reader (a command that catches up in its turn) moves nothing
+        // while it judges.
+        Err(Error::ReaderBusy { holder, .. })
+            if holder.split(':').next() == Some(&format!("pid {}", std::process::id())) =>
+        {
+            None
+        }
+        Err(_) => return None,
+    };
+    let path = bridge.cursor_path(agent).ok()?;
+    let cursor = read_cursor(&path).ok()?;
+    Some(cursor.map(|cursor| (cursor.dev, cursor.ino, cursor.offset)))
+}
+
 /// Where `agent` resumes reading `inbox`.
 pub fn load(bridge: &Bridge, agent: &str, inbox: &File) -> Result<Position> {
     let path = bridge.cursor_path(agent)?;

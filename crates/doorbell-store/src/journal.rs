@@ -126,6 +126,21 @@ pub struct Record {
     /// A ring or escalation intent: which request, epoch and ring (0: the escalation).
     #[serde(rename = "rg", default, skip_serializing_if = "Option::is_none")]
     pub ring: Option<RingRef>,
+    /// A new generation's mark: what its reader had not read of the files before (none when
+    /// its place there is unknown).
+    #[serde(rename = "rd", default, skip_serializing_if = "Option::is_none")]
+    pub unread_from: Option<Unread>,
+}
+
+/// What an inbox's reader had not read when a new file replaced the inbox's file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Unread {
+    /// Nothing: the reader has no cursor.
+    #[serde(rename = "all")]
+    All,
+    /// The file replaced from this offset on (the files before it were read).
+    #[serde(rename = "from")]
+    From(u64),
 }
 
 /// What a ring intent is about.
@@ -169,6 +184,7 @@ impl Record {
             write: None,
             covers: Vec::new(),
             ring: None,
+            unread_from: None,
         }
     }
 
@@ -204,6 +220,14 @@ pub struct InboxJournal {
     /// a hard link that outlives a replacement still holds one, and is known by it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub earlier: Vec<EarlierFile>,
+    /// From where the file this generation replaced was still unread by the inbox's reader
+    /// (see [`Record::unread_from`]): a copy here of an accepted line from there is shown to
+    /// the reader once, not hidden as a duplicate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unread_from: Option<Unread>,
+    /// The ids of those copies shown so far in this generation.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub redelivered: BTreeSet<String>,
 }
 
 /// A file an inbox had in an earlier generation: which file, and its last mark.
@@ -279,6 +303,7 @@ impl InboxJournal {
                 let (dev, ino) = (record.dev.unwrap_or(0), record.ino.unwrap_or(0));
                 if record.gen != self.gen {
                     self.new_generation(record.gen, dev, ino, record.seen_at);
+                    self.unread_from = record.unread_from;
                 } else if record.dev.is_some() {
                     // A mark says which file the generation is in now: its first marks, and
                     // a later one for the same bytes under a new inode (a copied or restored
@@ -302,6 +327,10 @@ impl InboxJournal {
             verdict => {
                 if verdict == Word::Accepted {
                     self.last_accepted_at = record.seen_at;
+                    // A copy of an unread line of the file replaced, shown again.
+                    if let (None, Some(id)) = (&record.line, &record.id) {
+                        self.redelivered.insert(id.clone());
+                    }
                 }
                 self.add(record.offset, record.span);
                 true
@@ -499,6 +528,36 @@ impl Snapshot {
     }
 
     /// Accepted messages of the unsaved tail.
+    /// Whether message `id`, a duplicate at generation `gen` of `inbox`, is a copy of a line
+    /// accepted in an earlier file of `inbox` that its reader had not read when this one
+    /// replaced it (see [`Unread`]), and not shown again yet: an unread message a rewrite of its inbox (`sed -i`,
+    /// a line deleted before the cursor) must not hide.
+    #[must_use]
+    pub fn unread_copy(&self, inbox: &str, gen: u32, id: &str) -> bool {
+        let Some(journal) = self.inboxes.get(inbox).filter(|j| j.gen == gen && gen > 0) else {
+            return false;
+        };
+        let Some(unread) = journal.unread_from else {
+            return false;
+        };
+        if journal.redelivered.contains(id) {
+            return false;
+        }
+        let original = match self.unsaved_messages().find(|m| m.id == id) {
+            Some(row) => Some(row.clone()),
+            None => self
+                .index()
+                .and_then(|index| index.message(id).ok().flatten()),
+        };
+        original.is_some_and(|row| {
+            row.inbox == inbox
+                && match unread {
+                    Unread::All => row.gen < gen,
+                    Unread::From(offset) => row.gen + 1 == gen && row.offset >= offset,
+                }
+        })
+    }
+
     pub fn unsaved_messages(&self) -> impl Iterator<Item = &MessageRow> + '_ {
         self.pending.messages.iter()
     }

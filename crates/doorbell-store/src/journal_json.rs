@@ -33,6 +33,7 @@ pub(crate) fn write_plain(out: &mut Vec<u8>, record: &Record) -> bool {
         write,
         covers,
         ring,
+        unread_from,
     } = record;
     let plain = *version == crate::journal::RECORD_VERSION
         && reason.is_none()
@@ -46,6 +47,7 @@ pub(crate) fn write_plain(out: &mut Vec<u8>, record: &Record) -> bool {
         && write.is_none()
         && covers.is_empty()
         && ring.is_none()
+        && unread_from.is_none()
         && matches!(verdict, Word::Accepted | Word::Duplicate | Word::Refused);
     if !plain {
         return false;

@@ -15,7 +15,7 @@ use super::verdicts::identity_of;
 use super::{CatchUp, HeldLines, Judge};
 use crate::append::open_inbox;
 use crate::hash::Marker;
-use crate::journal::{Record, Word};
+use crate::journal::{Record, Unread, Word};
 use crate::reader::{Line, LineReader};
 use crate::{Error, Result};
 
@@ -498,7 +498,20 @@ impl Judge {
             "inbox was truncated, replaced or recreated: reading it from the start as a new generation"
         );
         stats.new_generations += 1;
-        self.mark(name, gen, 0, meta, None, now)?;
+        // What its reader had not read of the file replaced: a copy of it here is shown.
+        let unread_from = match crate::cursor::settled_place(&self.bridge, name) {
+            Some(None) => Some(Unread::All),
+            Some(Some((dev, ino, offset))) if (dev, ino) == (known.dev, known.ino) => {
+                Some(Unread::From(offset))
+            }
+            Some(Some(_)) | None => None,
+        };
+        let mut record = Record::new(name, gen, 0, Word::Mark, now.timestamp_millis());
+        record.dev = Some(meta.dev());
+        record.ino = Some(meta.ino());
+        record.unread_from = unread_from;
+        self.journal.append(&record)?;
+        self.snapshot.apply(record);
         Ok(gen)
     }
 

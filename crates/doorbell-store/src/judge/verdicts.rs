@@ -344,6 +344,7 @@ impl Judge {
             entry.last_from.clone_from(&line.from);
             entry.last_kind = line.kind;
         }
+        let verdict = self.shown_again(name, gen, verdict, envelope.as_ref());
         self.record(
             name, gen, offset, span, &verdict, identity, accepted, now, stats,
         )?;
@@ -352,6 +353,25 @@ impl Judge {
         };
         let id = envelope.as_ref().map(|e| e.id.to_string());
         self.after_judged(held, &place, id.as_deref(), new_request, now, stats)
+    }
+
+    /// A duplicate that is a copy of a message its reader had not read when the inbox was
+    /// rewritten is shown to the reader: accepted (a record with no ledger line), never a
+    /// second message. Any other verdict stands.
+    fn shown_again(
+        &self,
+        name: &str,
+        gen: u32,
+        verdict: Verdict,
+        envelope: Option<&Envelope<'_>>,
+    ) -> Verdict {
+        match (verdict, envelope) {
+            (Verdict::Duplicate, Some(e)) if self.snapshot.unread_copy(name, gen, &e.id) => {
+                tracing::info!(inbox = name, id = %e.id, "a copy of a message not read before its inbox was rewritten: shown to its reader");
+                Verdict::Accepted
+            }
+            (verdict, _) => verdict,
+        }
     }
 
     /// What a line's verdict lets go: the lines held for its request (when it is one), those
