@@ -67,7 +67,7 @@ pub fn follow(
             // One reader of the agent at a time; another may have read on meanwhile. `read
             // --wait` waits for it until its deadline, and a reader's wait past it (a message
             // came just before: another reader's turn of milliseconds is no failure).
-            let _reading = keeper.reading(
+            let turn = keeper.reading(
                 &bridge,
                 match until {
                     Until::Stopped => None,
@@ -76,7 +76,16 @@ pub fn follow(
                     }
                 },
             )?;
+            // The judge may have begun a new file while this reader waited for its turn (it
+            // holds the turn while it marks one): nothing more of the old one is printed.
             let gen = journal.journal.gen;
+            follower.follow(&mut journal)?;
+            if journal.journal.gen != gen {
+                printed_to = 0;
+                drop(turn);
+                follow_file(&path, &journal, &mut inbox, &mut inbox_identity)?;
+                continue;
+            }
             if let cursor::Position::At(at) = keeper.load(&inbox, inbox_identity, gen)? {
                 printed_to = printed_to.max(at);
             }
@@ -120,16 +129,27 @@ pub fn follow(
         if journal.journal.gen != gen {
             printed_to = 0;
         }
-        let judged = (journal.journal.dev, journal.journal.ino);
-        if inbox_identity != judged {
-            if let Ok(current) = open_inbox(&path, false) {
-                if identity(&current)? == judged {
-                    inbox = current;
-                    inbox_identity = judged;
-                }
+        follow_file(&path, &journal, &mut inbox, &mut inbox_identity)?;
+    }
+}
+
+/// Open the inbox at `path` again when the judge reads another file than `inbox` now.
+fn follow_file(
+    path: &std::path::Path,
+    journal: &InboxView,
+    inbox: &mut std::fs::File,
+    inbox_identity: &mut (u64, u64),
+) -> anyhow::Result<()> {
+    let judged = (journal.journal.dev, journal.journal.ino);
+    if *inbox_identity != judged {
+        if let Ok(current) = open_inbox(path, false) {
+            if identity(&current)? == judged {
+                *inbox = current;
+                *inbox_identity = judged;
             }
         }
     }
+    Ok(())
 }
 
 /// Where a follower learns that the journal grew: the daemon's socket, or file events.

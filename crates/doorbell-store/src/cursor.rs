@@ -19,6 +19,29 @@ use crate::{Bridge, Error, Result};
 /// The folder in `.doorbell/` of the agents' read logs.
 pub const READS_DIR: &str = "reads";
 
+thread_local! {
+    /// The agents whose reader's turn this thread holds.
+    static TURNS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn turn_taken(agent: &str) {
+    TURNS.with(|turns| turns.borrow_mut().push(agent.to_owned()));
+}
+
+fn turn_ended(agent: &str) {
+    TURNS.with(|turns| {
+        let mut turns = turns.borrow_mut();
+        if let Some(at) = turns.iter().position(|a| a == agent) {
+            turns.remove(at);
+        }
+    });
+}
+
+/// Whether this thread is in `agent`'s reader's turn.
+fn in_turn(agent: &str) -> bool {
+    TURNS.with(|turns| turns.borrow().iter().any(|a| a == agent))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct CursorFile {
     version: u32,
@@ -159,26 +182,32 @@ fn validate(saved: Option<CursorFile>, inbox: &File) -> Result<Position> {
     })
 }
 
-/// Which file `agent`'s cursor was saved for (its device and inode) and its offset there,
-/// read while no other process is in a reader's turn (one may be printing what it has not
-/// moved the cursor over yet): `Some(None)` when the agent has no cursor (it read nothing
-/// yet), `None` when another reader is in its turn or the cursor cannot be read.
+/// Where `agent`'s reader stands, read while no other reader is in its turn (one may be
+/// printing what it has not moved the cursor over yet); the turn is held until this is
+/// dropped, so no reader moves on from it meanwhile.
+pub struct Settled {
+    /// Which file the cursor was saved for (its device and inode) and its offset there;
+    /// `None` when the agent has no cursor (it read nothing yet).
+    pub place: Option<(u64, u64, u64)>,
+    _turn: Option<Reading>,
+}
+
+/// [`Settled`] for `agent`, at once: `None` when another reader (another process, or another
+/// thread of this one) is in its turn, or the cursor cannot be read. This thread's own turn
+/// (a command that catches up in it, before it loads the cursor) moves nothing meanwhile.
 #[must_use]
-pub fn settled_place(bridge: &Bridge, agent: &str) -> Option<Option<(u64, u64, u64)>> {
-    let _turn = match reading_within(bridge, agent, std::time::Duration::ZERO) {
+pub fn settled_place(bridge: &Bridge, agent: &str) -> Option<Settled> {
+    let turn = match reading_within(bridge, agent, std::time::Duration::ZERO) {
         Ok(turn) => Some(turn),
-        // This process's own reader (a command that catches up in its turn) moves nothing
-        // while it judges.
-        Err(Error::ReaderBusy { holder, .. })
-            if holder.split(':').next() == Some(&format!("pid {}", std::process::id())) =>
-        {
-            None
-        }
+        Err(Error::ReaderBusy { .. }) if in_turn(agent) => None,
         Err(_) => return None,
     };
     let path = bridge.cursor_path(agent).ok()?;
     let cursor = read_cursor(&path).ok()?;
-    Some(cursor.map(|cursor| (cursor.dev, cursor.ino, cursor.offset)))
+    Some(Settled {
+        place: cursor.map(|cursor| (cursor.dev, cursor.ino, cursor.offset)),
+        _turn: turn,
+    })
 }
 
 /// Where `agent` resumes reading `inbox`.
@@ -406,11 +435,13 @@ impl Known {
 #[derive(Debug)]
 pub struct Kept {
     lock: std::rc::Rc<File>,
+    agent: String,
 }
 
 impl Drop for Kept {
     fn drop(&mut self) {
         let _ = self.lock.unlock();
+        turn_ended(&self.agent);
     }
 }
 
@@ -429,8 +460,10 @@ impl Keeper {
     /// `until` (`None`: as long as it reads).
     pub fn reading(&mut self, bridge: &Bridge, until: Option<std::time::Instant>) -> Result<Kept> {
         lock_reader(&mut self.lock, bridge, &self.agent, until)?;
+        turn_taken(&self.agent);
         Ok(Kept {
             lock: std::rc::Rc::clone(&self.lock),
+            agent: self.agent.clone(),
         })
     }
 
@@ -491,6 +524,13 @@ impl Keeper {
 #[derive(Debug)]
 pub struct Reading {
     _lock: std::rc::Rc<File>,
+    agent: String,
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        turn_ended(&self.agent);
+    }
 }
 
 /// How long a reader that must not hang (`read`, a hook, an MCP call) waits for another
@@ -512,7 +552,11 @@ pub fn reading_within(
         agent,
         Some(std::time::Instant::now() + within),
     )?;
-    Ok(Reading { _lock: lock })
+    turn_taken(agent);
+    Ok(Reading {
+        _lock: lock,
+        agent: agent.to_owned(),
+    })
 }
 
 /// Take `agent`'s reader lock, waiting for another reader until `until` (without end for

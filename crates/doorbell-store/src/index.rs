@@ -850,6 +850,22 @@ impl Index {
             .map_err(sql(&self.path))
     }
 
+    /// [`Index::message`] for the judge: a read that fails reads as none and marks the index
+    /// failed, which the judge checks before it journals (see `failed_lookup`).
+    pub fn placed(&self, id: &str) -> Option<MessageRow> {
+        let conn = self.conn();
+        let found = conn
+            .prepare_cached(
+                "SELECT id, inbox, gen, offset, span, seen_at, sender, kind, correlates_to, \
+                 context_id, state, fingerprint, sum FROM messages WHERE id = ?1",
+            )
+            .and_then(|mut statement| statement.query_row([id], message_row).optional());
+        found.unwrap_or_else(|error| {
+            self.lookup_failed(&error);
+            None
+        })
+    }
+
     /// Every accepted message of thread `context`, in the order the judge accepted them.
     pub fn thread(&self, context: &str) -> Result<Vec<MessageRow>> {
         let conn = self.conn();

@@ -239,6 +239,10 @@ pub struct EarlierFile {
     pub marker: Marker,
 }
 
+/// The most copies shown again in one generation: what the inbox's row in the index carries
+/// stays small (past it, copies are duplicates, as before a rewrite was looked into).
+pub const MAX_SHOWN_AGAIN: usize = 1000;
+
 /// How many earlier files an inbox remembers.
 const EARLIER_FILES: usize = 4;
 
@@ -540,14 +544,12 @@ impl Snapshot {
         let Some(unread) = journal.unread_from else {
             return false;
         };
-        if journal.redelivered.contains(id) {
+        if journal.redelivered.len() >= MAX_SHOWN_AGAIN || journal.redelivered.contains(id) {
             return false;
         }
         let original = match self.unsaved_messages().find(|m| m.id == id) {
             Some(row) => Some(row.clone()),
-            None => self
-                .index()
-                .and_then(|index| index.message(id).ok().flatten()),
+            None => self.index().and_then(|index| index.placed(id)),
         };
         original.is_some_and(|row| {
             row.inbox == inbox

@@ -499,7 +499,10 @@ impl Judge {
         );
         stats.new_generations += 1;
         // What its reader had not read of the file replaced: a copy of it here is shown.
-        let unread_from = match crate::cursor::settled_place(&self.bridge, name) {
+        // The reader's turn is held until the mark is in the journal: a reader that takes it
+        // next sees the new generation, and prints nothing more of the file replaced.
+        let settled = crate::cursor::settled_place(&self.bridge, name);
+        let unread_from = match settled.as_ref().map(|s| s.place) {
             Some(None) => Some(Unread::All),
             Some(Some((dev, ino, offset))) if (dev, ino) == (known.dev, known.ino) => {
                 Some(Unread::From(offset))
@@ -512,6 +515,10 @@ impl Judge {
         record.unread_from = unread_from;
         self.journal.append(&record)?;
         self.snapshot.apply(record);
+        if settled.is_some() {
+            self.journal.flush()?;
+        }
+        drop(settled);
         Ok(gen)
     }
 
