@@ -243,7 +243,10 @@ impl Request {
         }
     }
 
-    pub(crate) fn side_of(&self, agent: &str, state: State) -> Option<Side> {
+    /// Which side of this request `agent` speaks for when it sends `state` now; `None` when
+    /// it is neither party.
+    #[must_use]
+    pub fn side_of(&self, agent: &str, state: State) -> Option<Side> {
         let addressee = agent == self.addressee;
         // A loop's owner answers for the loop.
         let requester = agent == self.requester || self.owner.as_deref() == Some(agent);

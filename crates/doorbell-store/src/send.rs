@@ -5,7 +5,7 @@
 //! not told "sent" for a line that is sure to be refused.
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use doorbell_core::ledger::{transition_allowed, Side};
+use doorbell_core::ledger::transition_allowed;
 use doorbell_core::{
     is_agent_name, is_id, is_reserved_id, judge_stateless, Limits, Registry, State, Verdict,
     BUILTIN_LOOPS,
@@ -164,14 +164,19 @@ pub fn needs_ledger(message: &Message) -> bool {
 /// The checks of the sender, the kind, the id and the recipients that need no text: what a
 /// front end runs before it reads a message's text from somewhere slow (stdin).
 pub fn check(bridge: &Bridge, message: &Message) -> Result<()> {
-    checked(bridge, message).map(|_| ())
+    checked(bridge, None, message).map(|_| ())
 }
 
-/// The sender, the kind, the recipients and the registry, checked.
-fn checked(bridge: &Bridge, message: &Message) -> Result<(String, String, Vec<String>, Registry)> {
+/// The sender, the kind, the recipients, the registry and the line limit, checked: a running
+/// judge's, as it published them ([`judges_terms`]), else the config file's.
+fn checked(
+    bridge: &Bridge,
+    view: Option<&View>,
+    message: &Message,
+) -> Result<(String, String, Vec<String>, Registry, usize)> {
     let (from, kind) = sender_and_kind(message)?;
     let recipients = recipients(bridge, &message.to, &from)?;
-    let registry = bridge.registry()?;
+    let (registry, max_line_bytes) = judges_terms(bridge, view, (&from, &kind))?;
     if !registry.knows(&from) {
         let known: Vec<_> = registry.stations.iter().cloned().collect();
         return Err(refused(format!(
@@ -182,7 +187,7 @@ fn checked(bridge: &Bridge, message: &Message) -> Result<(String, String, Vec<St
     if let Some(why) = doorbell_core::judge::loop_refusal(&registry, &from, kind_of(&kind)) {
         return Err(refused(format!("refused: bad-field: {why}")));
     }
-    Ok((from, kind, recipients, registry))
+    Ok((from, kind, recipients, registry, max_line_bytes))
 }
 
 /// The registry and line limit a running judge goes by, as it published them: the config
@@ -192,7 +197,6 @@ fn judges_terms(
     bridge: &Bridge,
     view: Option<&View>,
     (from, kind): (&str, &str),
-    registry: Registry,
 ) -> Result<(Registry, usize)> {
     let file_limit = bridge.max_line_bytes();
     let holder = match view {
@@ -200,20 +204,25 @@ fn judges_terms(
         None => crate::lock::running_judge(bridge),
     };
     let (Some(holder), Some((judges, limit))) = (holder, bridge.published_registry()?) else {
-        return Ok((registry, file_limit));
+        return Ok((bridge.registry()?, file_limit));
     };
     let reload = || {
         format!(
             "the running judge ({holder}) has not loaded the config as it is now: reload it (SIGHUP, or `systemctl --user reload doorbell`) and send again"
         )
     };
-    if !judges.knows(from) {
+    // What only the file allows is the reload's to give; what neither allows is refused
+    // by the checks that follow, as without a judge.
+    let file = bridge.registry()?;
+    if !judges.knows(from) && file.knows(from) {
         return Err(refused(format!(
             "unknown sender '{from}' to the running judge: {}",
             reload()
         )));
     }
-    if let Some(why) = doorbell_core::judge::loop_refusal(&judges, from, kind_of(kind)) {
+    let loop_refusal =
+        |registry: &Registry| doorbell_core::judge::loop_refusal(registry, from, kind_of(kind));
+    if let (Some(why), None) = (loop_refusal(&judges), loop_refusal(&file)) {
         return Err(refused(format!("refused: bad-field: {why}; {}", reload())));
     }
     Ok((judges, limit.unwrap_or(file_limit)))
@@ -244,8 +253,7 @@ pub struct Placed {
 /// [`send`], saying where each line went: a front end that waits for the judge's verdict on
 /// its own line looks for it there.
 pub fn send_placed(bridge: &Bridge, view: Option<&View>, message: &Message) -> Result<Vec<Placed>> {
-    let (from, kind, recipients, registry) = checked(bridge, message)?;
-    let (registry, max_line_bytes) = judges_terms(bridge, view, (&from, &kind), registry)?;
+    let (from, kind, recipients, registry, max_line_bytes) = checked(bridge, view, message)?;
     let now: DateTime<Utc> = Utc::now();
     let created_at = now.to_rfc3339_opts(SecondsFormat::Millis, true);
     let base_id = message
@@ -363,20 +371,12 @@ fn append_one(
         .inboxes()
         .get(to)
         .map(|j| ((j.dev, j.ino), j.judged_to));
-    // A response's state as the judge will find it, the lines before it aside.
+    // A response's request as the judge will find it, the lines before it aside.
     let response = match (kind, message.correlates_to.as_deref()) {
         ("response", Some(request)) => view.request(request).and_then(|r| {
-            let side = if from == r.addressee {
-                Side::Addressee
-            } else {
-                Side::Requester
-            };
-            let state = message.state.as_deref().and_then(State::parse)?;
             Some(Answer {
-                request: r.id.clone(),
-                was: r.state,
-                side,
-                state,
+                request: r.into_owned(),
+                state: message.state.as_deref().and_then(State::parse)?,
             })
         }),
         _ => None,
@@ -391,6 +391,9 @@ fn append_one(
             .fingerprint,
         from,
         response,
+        // A broadcast's ids are derived, one per inbox: an id of its own found in one inbox
+        // could refuse it after others were written.
+        broadcast: message.to.len() > 1 || message.to.iter().any(|to| to == "all"),
     };
     crate::append::append_line_checked(
         &path,
@@ -411,14 +414,12 @@ struct New<'a> {
     fingerprint: u64,
     from: &'a str,
     response: Option<Answer>,
+    broadcast: bool,
 }
 
-/// A response: its request, the request's state as the sender's view has it, the sender's
-/// side and the state it moves to.
+/// A response: its request as the sender's view has it, and the state it moves it to.
 struct Answer {
-    request: String,
-    was: State,
-    side: Side,
+    request: doorbell_core::Request,
     state: State,
 }
 
@@ -454,13 +455,22 @@ fn unjudged_conflict(
     let limits = Limits {
         max_line_bytes: usize::MAX,
     };
-    let mut state = new.response.as_ref().map(|answer| answer.was);
+    // The request as the judge will find it: the same sender's unjudged answers to it,
+    // replayed through the transition table.
+    let mut request = new.response.as_ref().map(|answer| answer.request.clone());
     for line in tail.split(|b| *b == b'\n') {
         let Ok(envelope) = judge_stateless(line, Some(inbox), &limits) else {
             continue;
         };
+        if envelope.from != new.from {
+            continue;
+        }
         if envelope.id == new.id {
-            if envelope.fingerprint != new.fingerprint {
+            if envelope.fingerprint == new.fingerprint {
+                // A retry of a line not judged yet: the judge takes it for a duplicate.
+                return Ok(());
+            }
+            if !new.broadcast {
                 return Err(refused(format!(
                     "refused: id-reused: {} is in {inbox}'s inbox already with other content, written and not judged yet",
                     new.id
@@ -468,32 +478,36 @@ fn unjudged_conflict(
             }
             continue;
         }
-        let (Some(answer), Some(now), Some(next)) = (&new.response, state, envelope.state) else {
+        let (Some(request), Some(next)) = (&mut request, envelope.state) else {
             continue;
         };
-        if envelope.from == new.from
-            && envelope.correlates_to.as_deref() == Some(answer.request.as_str())
-            && transition_allowed(now, answer.side, next)
-        {
-            state = Some(next);
+        if envelope.correlates_to.as_deref() == Some(request.id.as_str()) {
+            if let Some(side) = request.side_of(&envelope.from, next) {
+                if transition_allowed(request.state, side, next) {
+                    request.state = next;
+                }
+            }
         }
     }
-    let (Some(answer), Some(now)) = (&new.response, state) else {
+    let (Some(answer), Some(now)) = (&new.response, request) else {
         return Ok(());
     };
-    if now == answer.was {
+    if now.state == answer.request.state {
         return Ok(());
     }
-    if now.is_terminal() {
+    if now.state.is_terminal() {
         return Err(refused(format!(
-            "refused: request-closed: {} is {now} by an answer written and not judged yet",
-            answer.request
+            "refused: request-closed: {} is {} by an answer written and not judged yet",
+            now.id, now.state
         )));
     }
-    if !transition_allowed(now, answer.side, answer.state) {
+    let allowed = now
+        .side_of(new.from, answer.state)
+        .is_some_and(|side| transition_allowed(now.state, side, answer.state));
+    if !allowed {
         return Err(refused(format!(
-            "refused: bad-transition: {} is {now} by an answer written and not judged yet; {} cannot follow it",
-            answer.request, answer.state
+            "refused: bad-transition: {} is {} by an answer written and not judged yet; {} cannot follow it",
+            now.id, now.state, answer.state
         )));
     }
     Ok(())

@@ -307,6 +307,18 @@ impl Judge {
         if let Ok(state) = bridge.state_dir() {
             crate::atomic::remove_stale_temps(&state.join(crate::cursor::READS_DIR));
         }
+        let limits = Limits {
+            max_line_bytes: bridge.max_line_bytes(),
+        };
+        // The names this judge goes by, published before the journal is read (which can
+        // take a while): a sender checks against them while this judge holds the bridge.
+        let inboxes = bridge.inboxes()?;
+        let registry = bridge.registry_of(inboxes.clone())?;
+        let inbox_names: BTreeSet<String> = inboxes.into_iter().collect();
+        let names = crate::bridge::names_file(&registry, &inbox_names, limits.max_line_bytes);
+        let published_names = (bridge.published_names().as_ref() == Some(&names)
+            || bridge.publish_names(&names).is_ok())
+        .then_some(names);
         let journal_path = journal_path(&bridge);
         let Loaded {
             snapshot,
@@ -314,17 +326,13 @@ impl Judge {
             refused_log,
             index,
         } = load(&bridge, &journal_path)?;
-        let limits = Limits {
-            max_line_bytes: bridge.max_line_bytes(),
-        };
         let seal = crate::seal::Seal::open(&bridge.state_dir()?)?;
-        let inboxes = bridge.inboxes()?;
         Ok(Judge {
             seal,
             reader: LineReader::new(limits.max_line_bytes),
-            registry: bridge.registry_of(inboxes.clone())?,
-            inbox_names: inboxes.into_iter().collect(),
-            published_names: None,
+            registry,
+            inbox_names,
+            published_names,
             unreadable: BTreeSet::new(),
             waiting_on_unreadable: BTreeSet::new(),
             readable_again: false,
