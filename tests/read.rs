@@ -146,7 +146,7 @@ fn human_output_escapes_terminal_controls() {
             "--from",
             "design",
             "--",
-            "pay \u{202e}01$\u{202c} now\u{2028}\u{2066}x\u{2069}",
+            "pay \u{202e}01$\u{202c} now\u{2028}\u{2066}x\u{2069}\u{200b}\u{e0041}",
         ])
         .ok();
     let out = bridge.doorbell(&["read", "web"]);
@@ -154,7 +154,15 @@ fn human_output_escapes_terminal_controls() {
     assert!(!text.contains('\u{1b}'), "{text:?}");
     assert!(text.contains("hi \\u{1b}[2J there"), "{text}");
     assert!(
-        !text.contains(['\u{202e}', '\u{202c}', '\u{2028}', '\u{2066}', '\u{2069}']),
+        !text.contains([
+            '\u{202e}',
+            '\u{202c}',
+            '\u{2028}',
+            '\u{2066}',
+            '\u{2069}',
+            '\u{200b}',
+            '\u{e0041}'
+        ]),
         "{text:?}"
     );
     assert!(text.contains("pay \\u{202e}01$\\u{202c} now"), "{text}");

@@ -240,8 +240,10 @@ fn local(t: &str) -> String {
 const SHOWN_CHARS: usize = 120;
 
 /// Text safe for a terminal: control characters other than newline and tab become escapes,
-/// and so do the marks that reorder text shown right to left (a message could make its own
-/// text, or the line around it, read otherwise than it is) and the Unicode line separators.
+/// and so do the invisible format characters: the marks that reorder text shown right to
+/// left (a message could make its own text, or the line around it, read otherwise than it
+/// is), zero-width ones, tags (text a person does not see and a model reads) and the Unicode
+/// line separators.
 #[must_use]
 pub fn printable(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -252,12 +254,14 @@ pub fn printable(text: &str) -> String {
                 || matches!(
                     c,
                     '\u{61c}'
-                        | '\u{200e}'
-                        | '\u{200f}'
-                        | '\u{202a}'..='\u{202e}'
-                        | '\u{2066}'..='\u{2069}'
-                        | '\u{2028}'
-                        | '\u{2029}'
+                        | '\u{180e}'
+                        | '\u{200b}'..='\u{200f}'
+                        | '\u{2028}'..='\u{202e}'
+                        | '\u{2060}'..='\u{2064}'
+                        | '\u{2066}'..='\u{206f}'
+                        | '\u{feff}'
+                        | '\u{fff9}'..='\u{fffb}'
+                        | '\u{e0000}'..='\u{e007f}'
                 ) =>
             {
                 let _ = write!(out, "\\u{{{:x}}}", c as u32);
