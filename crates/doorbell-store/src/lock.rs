@@ -109,7 +109,13 @@ impl Drop for BridgeLock {
 /// itself; `None` when no process holds it, or a command's short catch-up does.
 #[must_use]
 pub fn running_judge(bridge: &Bridge) -> Option<String> {
-    let (file, _) = lock_file(bridge).ok()?;
+    // Looked at, never made: a sender that is refused writes nothing.
+    let path = bridge.dir().join(crate::bridge::STATE_DIR).join("lock");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
     flock_holder(&file)?;
     let role = holder(bridge);
     let transient = role == UNKNOWN || TRANSIENT.iter().any(|r| role.ends_with(&format!("({r})")));
