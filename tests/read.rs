@@ -126,29 +126,14 @@ fn a_truncated_inbox_is_read_again_from_the_start() {
 #[test]
 fn human_output_escapes_terminal_controls() {
     let bridge = Bridge::with_agents(&["web", "design"]);
-    bridge
-        .doorbell(&[
-            "send",
-            "--to",
-            "web",
-            "--from",
-            "design",
-            "--",
-            "hi \u{1b}[2J there",
-        ])
-        .ok();
-    // Marks that reorder what a terminal shows, and a line separator, come out escaped too.
-    bridge
-        .doorbell(&[
-            "send",
-            "--to",
-            "web",
-            "--from",
-            "design",
-            "--",
-            "pay \u{202e}01$\u{202c} now\u{2028}\u{2066}x\u{2069}\u{200b}\u{e0041}",
-        ])
-        .ok();
+    // Marks that reorder what a terminal shows, a zero-width space, a tag character and a
+    // line separator come out escaped too.
+    for text in [
+        "hi \u{1b}[2J there",
+        "pay \u{202e}01$\u{202c} now\u{2028}\u{2066}x\u{2069}\u{200b}\u{e0041}",
+    ] {
+        bridge.send("design", "web", text);
+    }
     let out = bridge.doorbell(&["read", "web"]);
     let text = out.ok();
     assert!(!text.contains('\u{1b}'), "{text:?}");

@@ -237,14 +237,17 @@ fn a_send_goes_by_the_running_judges_config_until_it_reloads() {
         |_| published("limit max_line_bytes 1048576"),
     );
     bridge.config("max_line_bytes = 2000000\n\n[[loop]]\nname = \"cron\"\n");
-    let cron = bridge.doorbell(&[
-        "send",
-        "--from",
-        "cron",
-        "--to",
-        "web",
-        "nightly build done",
-    ]);
+    let from_cron = || {
+        bridge.doorbell(&[
+            "send",
+            "--from",
+            "cron",
+            "--to",
+            "web",
+            "nightly build done",
+        ])
+    };
+    let cron = from_cron();
     assert_eq!(cron.code, 2, "{cron:?}");
     assert!(cron.stderr.contains("reload"), "{}", cron.stderr);
     let long = "x".repeat(1_500_000);
@@ -260,16 +263,7 @@ fn a_send_goes_by_the_running_judges_config_until_it_reloads() {
         "the new names published",
         |_| published("loop cron") && published("limit max_line_bytes 2000000"),
     );
-    bridge
-        .doorbell(&[
-            "send",
-            "--from",
-            "cron",
-            "--to",
-            "web",
-            "nightly build done",
-        ])
-        .ok();
+    from_cron().ok();
     bridge
         .doorbell_stdin(
             &["send", "--from", "design", "--to", "web", "-"],
