@@ -161,9 +161,14 @@ fn wait_on_a_request_the_judge_has_not_read_yet_waits_for_it() {
     );
     let mentioned = bridge.doorbell(&["wait", "01ONLYMENTIONED", "--timeout", "10s"]);
     assert_eq!(mentioned.code, 2, "{mentioned:?}");
-    // Running again, the daemon judges it, and the wait sees the answer.
-    daemon.signal("CONT");
+    // Running again, the daemon judges it, and the wait begun before sees the answer.
     let waiter = spawn(&bridge, &["wait", &id, "--timeout", "60s"]);
+    daemon.signal("CONT");
+    bridge.wait_for(
+        std::time::Duration::from_secs(20),
+        "the request judged",
+        |b| b.doorbell(&["show", &id]).code == 0,
+    );
     bridge.reply(&id, "web", "completed", &[], "Friday");
     let (code, _, stderr) = finish(waiter);
     assert_eq!(code, 0, "{stderr}");
