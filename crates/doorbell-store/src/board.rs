@@ -13,7 +13,7 @@ use chrono::{DateTime, Local, SecondsFormat, TimeZone, Utc};
 use doorbell_core::Request;
 use serde::Serialize;
 
-use crate::bridge::Unread;
+use crate::bridge::Stray;
 use crate::{Bridge, Result, View};
 
 /// The board's file, in the bridge folder.
@@ -231,17 +231,17 @@ fn files_nothing_reads(bridge: &Bridge) -> Result<Vec<String>> {
     let mut warnings = Vec::new();
     for file in bridge.files_nothing_reads()? {
         warnings.push(match file {
-            Unread::NotRegular(path) => {
+            Stray::NotRegular(path) => {
                 format!("{} is not a regular file and is refused", path.display())
             }
-            Unread::NearMiss {
+            Stray::NearMiss {
                 path,
                 meant: Some(inbox),
             } => format!(
                 "{} is no inbox and nothing reads it: was it meant to be {inbox}? (an inbox is named AGENT-inbox.jsonl, the agent's name in lower case)",
                 path.display()
             ),
-            Unread::NearMiss { path, meant: None } => format!(
+            Stray::NearMiss { path, meant: None } => format!(
                 "{} is no inbox and nothing reads it (an inbox is named AGENT-inbox.jsonl; an agent's name is lower-case letters, digits, '.', '_' and '-')",
                 path.display()
             ),

@@ -165,8 +165,8 @@ impl Bridge {
             .files_nothing_reads()?
             .into_iter()
             .filter_map(|file| match file {
-                Unread::NotRegular(path) => Some(path),
-                Unread::NearMiss { .. } => None,
+                Stray::NotRegular(path) => Some(path),
+                Stray::NearMiss { .. } => None,
             })
             .collect())
     }
@@ -176,7 +176,7 @@ impl Bridge {
     /// and files with bytes in them whose names come close to an inbox's without being one
     /// (`Web-inbox.jsonl`, `web-inbox.json`, `web_inbox.jsonl`), where what a sender wrote
     /// would lie unseen.
-    pub fn files_nothing_reads(&self) -> Result<Vec<Unread>> {
+    pub fn files_nothing_reads(&self) -> Result<Vec<Stray>> {
         let mut found = Vec::new();
         let entries =
             fs::read_dir(&self.dir).map_err(Error::io("list bridge folder", &self.dir))?;
@@ -184,7 +184,7 @@ impl Bridge {
             let name = entry.file_name().to_string_lossy().into_owned();
             if inbox_name(&name).is_some() {
                 if !entry.file_type().is_ok_and(|t| t.is_file()) {
-                    found.push(Unread::NotRegular(entry.path()));
+                    found.push(Stray::NotRegular(entry.path()));
                 }
                 continue;
             }
@@ -196,7 +196,7 @@ impl Bridge {
                 .is_ok_and(|meta| meta.is_file() && meta.len() > 0);
             if holds_bytes {
                 let meant = is_agent_name(&meant).then(|| format!("{meant}{INBOX_SUFFIX}"));
-                found.push(Unread::NearMiss {
+                found.push(Stray::NearMiss {
                     path: entry.path(),
                     meant,
                 });
@@ -219,14 +219,13 @@ impl Bridge {
     }
 
     /// What the judge that wrote `.doorbell/names` goes by: its registry (its stations
-    /// without an inbox and its loops, with the inboxes listed now) and its line limit; `None`
-    /// when no judge published them.
-    pub fn published_registry(&self) -> Result<Option<(Registry, Option<usize>)>> {
-        let Some(text) = self.published_names() else {
-            return Ok(None);
-        };
+    /// without an inbox and its loops, with `inboxes`, the folder's as listed now) and its
+    /// line limit; `None` when no judge published them.
+    #[must_use]
+    pub fn published_registry(&self, inboxes: Vec<String>) -> Option<(Registry, Option<usize>)> {
+        let text = self.published_names()?;
         let mut registry = Registry::default();
-        registry.stations.extend(self.inboxes()?);
+        registry.stations.extend(inboxes);
         let mut limit = None;
         for line in text.lines() {
             match line.split_whitespace().collect::<Vec<_>>().as_slice() {
@@ -245,7 +244,7 @@ impl Bridge {
                 _ => {}
             }
         }
-        Ok(Some((registry, limit)))
+        Some((registry, limit))
     }
 
     /// Replace `.doorbell/names` with `text` (see [`names_file`]).
@@ -370,7 +369,7 @@ pub fn inbox_name(file_name: &str) -> Option<&str> {
 
 /// An entry of the bridge folder that looks like an inbox and that nothing reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Unread {
+pub enum Stray {
     /// Named like an inbox, not a regular file (a symlink, FIFO, device): refused.
     NotRegular(PathBuf),
     /// A file with bytes, named close to an inbox; `meant` is the inbox it was likely meant
@@ -381,10 +380,10 @@ pub enum Unread {
     },
 }
 
-impl Unread {
+impl Stray {
     pub fn path(&self) -> &Path {
         match self {
-            Unread::NotRegular(path) | Unread::NearMiss { path, .. } => path,
+            Stray::NotRegular(path) | Stray::NearMiss { path, .. } => path,
         }
     }
 }

@@ -464,6 +464,10 @@ fn kind_of(code: i64) -> Kind {
     }
 }
 
+/// The accepted message with an id.
+const MESSAGE_BY_ID: &str = "SELECT id, inbox, gen, offset, span, seen_at, sender, kind, \
+     correlates_to, context_id, state, fingerprint, sum FROM messages WHERE id = ?1";
+
 #[must_use]
 pub fn index_path(state_dir: &Path) -> PathBuf {
     state_dir.join(INDEX_FILE)
@@ -839,10 +843,7 @@ impl Index {
     pub fn message(&self, id: &str) -> Result<Option<MessageRow>> {
         let conn = self.conn();
         let mut statement = conn
-            .prepare_cached(
-                "SELECT id, inbox, gen, offset, span, seen_at, sender, kind, correlates_to, \
-                 context_id, state, fingerprint, sum FROM messages WHERE id = ?1",
-            )
+            .prepare_cached(MESSAGE_BY_ID)
             .map_err(sql(&self.path))?;
         statement
             .query_row([id], message_row)
@@ -855,10 +856,7 @@ impl Index {
     pub fn placed(&self, id: &str) -> Option<MessageRow> {
         let conn = self.conn();
         let found = conn
-            .prepare_cached(
-                "SELECT id, inbox, gen, offset, span, seen_at, sender, kind, correlates_to, \
-                 context_id, state, fingerprint, sum FROM messages WHERE id = ?1",
-            )
+            .prepare_cached(MESSAGE_BY_ID)
             .and_then(|mut statement| statement.query_row([id], message_row).optional());
         found.unwrap_or_else(|error| {
             self.lookup_failed(&error);
@@ -1062,10 +1060,7 @@ impl Archive for IndexArchive {
         }
         let found = index
             .lookup_conn()
-            .prepare_cached(
-                "SELECT id, inbox, gen, offset, span, seen_at, sender, kind, correlates_to, \
-                 context_id, state, fingerprint, sum FROM messages WHERE id = ?1",
-            )
+            .prepare_cached(MESSAGE_BY_ID)
             .and_then(|mut s| s.query_row([id], message_row).optional());
         match found {
             Ok(found) => found.map(|m| m.fingerprint),

@@ -203,8 +203,14 @@ fn judges_terms(
         Some(view) => view.judge().map(str::to_owned),
         None => crate::lock::running_judge(bridge),
     };
-    let (Some(holder), Some((judges, limit))) = (holder, bridge.published_registry()?) else {
+    let Some(holder) = holder else {
         return Ok((bridge.registry()?, file_limit));
+    };
+    // One listing of the folder for both registries.
+    let inboxes = bridge.inboxes()?;
+    let file = bridge.registry_of(inboxes.clone())?;
+    let Some((judges, limit)) = bridge.published_registry(inboxes) else {
+        return Ok((file, file_limit));
     };
     let reload = || {
         format!(
@@ -213,7 +219,6 @@ fn judges_terms(
     };
     // What only the file allows is the reload's to give; what neither allows is refused
     // by the checks that follow, as without a judge.
-    let file = bridge.registry()?;
     if !judges.knows(from) && file.knows(from) {
         return Err(refused(format!(
             "unknown sender '{from}' to the running judge: {}",
@@ -381,12 +386,9 @@ fn append_one(
         }),
         _ => None,
     };
-    let limits = Limits {
-        max_line_bytes: usize::MAX,
-    };
     let new = New {
         id,
-        fingerprint: judge_stateless(line.as_bytes(), Some(to), &limits)
+        fingerprint: judge_stateless(line.as_bytes(), Some(to), &ANY_LENGTH)
             .map_err(|refusal| refused(format!("refused: {refusal}")))?
             .fingerprint,
         from,
@@ -452,14 +454,11 @@ fn unjudged_conflict(
     if file.read_exact_at(&mut tail, from).is_err() {
         return Ok(());
     }
-    let limits = Limits {
-        max_line_bytes: usize::MAX,
-    };
     // The request as the judge will find it: the same sender's unjudged answers to it,
     // replayed through the transition table.
     let mut request = new.response.as_ref().map(|answer| answer.request.clone());
     for line in tail.split(|b| *b == b'\n') {
-        let Ok(envelope) = judge_stateless(line, Some(inbox), &limits) else {
+        let Ok(envelope) = judge_stateless(line, Some(inbox), &ANY_LENGTH) else {
             continue;
         };
         if envelope.from != new.from {
@@ -512,6 +511,11 @@ fn unjudged_conflict(
     }
     Ok(())
 }
+
+/// No line limit: a line already in an inbox, or one checked against the limit already.
+const ANY_LENGTH: Limits = Limits {
+    max_line_bytes: usize::MAX,
+};
 
 /// The inboxes a message goes to: each `--to`, or every station for `all`.
 fn recipients(bridge: &Bridge, to: &[String], from: &str) -> Result<Vec<String>> {

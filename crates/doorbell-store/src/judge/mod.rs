@@ -26,7 +26,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use doorbell_core::{Kind, Limits, Registry};
 
-use crate::bridge::Unread;
+use crate::bridge::Stray;
 use crate::index::IndexWriter;
 use crate::journal::{JournalWriter, Snapshot};
 use crate::reader::LineReader;
@@ -270,10 +270,10 @@ impl Judge {
         // than skip it in silence.
         for file in self.bridge.files_nothing_reads()? {
             match file {
-                Unread::NotRegular(path) => {
+                Stray::NotRegular(path) => {
                     tracing::warn!(path = %path.display(), "refusing an inbox that is not a regular file");
                 }
-                Unread::NearMiss { path, meant } => {
+                Stray::NearMiss { path, meant } => {
                     tracing::warn!(path = %path.display(), meant = meant.as_deref().unwrap_or("-"), "a file named close to an inbox is no inbox: nothing reads it");
                 }
             }

@@ -509,12 +509,7 @@ impl Judge {
             }
             Some(Some(_)) | None => None,
         };
-        let mut record = Record::new(name, gen, 0, Word::Mark, now.timestamp_millis());
-        record.dev = Some(meta.dev());
-        record.ino = Some(meta.ino());
-        record.unread_from = unread_from;
-        self.journal.append(&record)?;
-        self.snapshot.apply(record);
+        self.mark_with(name, gen, 0, meta, (None, unread_from), now)?;
         if settled.is_some() {
             self.journal.flush()?;
         }
@@ -531,10 +526,24 @@ impl Judge {
         marker: Option<Marker>,
         now: DateTime<Utc>,
     ) -> Result<()> {
+        self.mark_with(name, gen, offset, meta, (marker, None), now)
+    }
+
+    /// [`Judge::mark`], saying for a new generation what its reader had not read before it.
+    fn mark_with(
+        &mut self,
+        name: &str,
+        gen: u32,
+        offset: u64,
+        meta: &std::fs::Metadata,
+        (marker, unread_from): (Option<Marker>, Option<Unread>),
+        now: DateTime<Utc>,
+    ) -> Result<()> {
         let mut record = Record::new(name, gen, offset, Word::Mark, now.timestamp_millis());
         record.dev = Some(meta.dev());
         record.ino = Some(meta.ino());
         record.marker = marker;
+        record.unread_from = unread_from;
         self.journal.append(&record)?;
         self.snapshot.apply(record);
         Ok(())
