@@ -1159,3 +1159,40 @@ fn a_copy_shown_again_after_a_rewrite_is_no_second_message() {
         serde_json::from_str(bridge.doorbell(&["show", &asked, "--json"]).ok()).unwrap();
     assert_eq!(show["state"], "completed", "{show}");
 }
+
+#[test]
+fn an_empty_inbox_restored_before_its_first_line_keeps_its_generation_through_a_lost_journal() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    // The judge knows every inbox, empty.
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let copy = bridge.tmp.path().join("copy");
+    copy_folder(&bridge.dir(), &copy);
+    std::fs::remove_dir_all(bridge.dir()).unwrap();
+    std::fs::rename(&copy, bridge.dir()).unwrap();
+    // The first line of a restored (new inode) inbox, refused: its sender is told.
+    bridge.append_raw(
+        "web",
+        format!("{}\n", line("01BADTO", "design", "nobody", "note", "")).as_bytes(),
+    );
+    let once = bridge.doorbell(&["daemon", "--once"]);
+    assert_eq!(once.code, 0, "{once:?}");
+    assert!(
+        !once.stderr.contains("WARN"),
+        "nothing was replaced: {}",
+        once.stderr
+    );
+    let refusals = refused_log(&bridge);
+    assert_eq!(refusals, [("web".to_owned(), 0, 0)]);
+    assert_eq!(notices_naming(&bridge, "design", "01BADTO"), 1);
+
+    // A judge that lost its journal and index reads the same files afresh: the same
+    // refusal, under the same generation, is neither logged nor told again.
+    let state = bridge.dir().join(".doorbell");
+    for file in ["journal.jsonl", "index.db", "index.db-wal", "index.db-shm"] {
+        let _ = std::fs::remove_file(state.join(file));
+    }
+    let once = bridge.doorbell(&["daemon", "--once"]);
+    assert_eq!(once.code, 0, "{once:?}");
+    assert_eq!(refused_log(&bridge), refusals, "each refusal logged once");
+    assert_eq!(notices_naming(&bridge, "design", "01BADTO"), 1, "told once");
+}

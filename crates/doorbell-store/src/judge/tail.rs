@@ -164,10 +164,11 @@ impl Judge {
         // Whatever goes wrong (a stop, a failed write), the file stays open: if it is replaced
         // before the next sweep, its unread lines can still be drained.
         let known_gen = self.snapshot.inboxes.get(name).map(|known| known.gen);
+        let holding = known_gen.is_some_and(|gen| held.any_from(name, gen));
         let size = meta.len();
         let mut stopped = false;
         let read = self
-            .check_generation(name, &file, &meta, now, stats)
+            .check_generation(name, &file, &meta, holding, now, stats)
             .and_then(|gen| {
                 let Some(budget) = budget else {
                     let end = self.read_lines(
@@ -450,12 +451,14 @@ impl Judge {
     }
 
     /// Make sure the journal's view of the inbox belongs to this very file; start a new
-    /// generation when it was truncated, replaced or recreated.
+    /// generation when it was truncated, replaced or recreated. `holding`: this sweep holds
+    /// a line read from the generation the journal knows.
     pub(super) fn check_generation(
         &mut self,
         name: &str,
         file: &File,
         meta: &std::fs::Metadata,
+        holding: bool,
         now: DateTime<Utc>,
         stats: &mut CatchUp,
     ) -> Result<u32> {
@@ -468,6 +471,19 @@ impl Judge {
             .judged_to
             .max(known.mark.map_or(0, |(offset, _)| offset));
         let moved = (known.dev, known.ino) != (meta.dev(), meta.ino());
+        // A generation nothing was judged, marked or held from yet names no line: a file
+        // under a new inode goes on as it, all of it still to be read. A new generation would
+        // only renumber it: the numbers that key the refusals and notices would then differ
+        // from a judge's that reads the same files afresh (after losing its journal).
+        if moved && resume == 0 && known.mark.is_none() && !holding {
+            let gen = known.gen;
+            tracing::info!(
+                inbox = name,
+                "an inbox with nothing judged yet has a new inode: reading it from the start"
+            );
+            self.mark(name, gen, 0, meta, None, now)?;
+            return Ok(gen);
+        }
         // An inbox is known by its bytes: the marker of what was judged. A file with those
         // bytes under a new inode (a copy, a restore, a move to another disk) is the same
         // inbox; without a marker only the inode can say.

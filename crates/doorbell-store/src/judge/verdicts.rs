@@ -64,6 +64,15 @@ impl HeldLines {
         self.by_request.is_empty()
     }
 
+    /// Whether a line of `inbox`'s generation `gen` is held or waits for its turn.
+    pub(super) fn any_from(&self, inbox: &str, gen: u32) -> bool {
+        self.by_request
+            .values()
+            .flatten()
+            .chain(self.waiting.values())
+            .any(|line| line.inbox == inbox && line.gen == gen)
+    }
+
     /// Keep the line at `place` aside when it is a response whose turn has not come.
     pub(super) fn wait_for_turn(&mut self, place: &Place, bytes: &[u8]) -> bool {
         if self.turns.may_judge(place) {
