@@ -1096,10 +1096,7 @@ impl Case {
         self.settle_any();
         self.close_instance(&name);
         let before = self.newest_generation(&name);
-        // Only a judge that had read past the start can see that the file went shorter.
-        let read_past_start = !split_lines(&std::fs::read(self.inbox(&name)).unwrap())
-            .0
-            .is_empty();
+        let had_lines = self.has_lines(&name);
         OpenOptions::new()
             .write(true)
             .open(self.inbox(&name))
@@ -1110,23 +1107,35 @@ impl Case {
             let (from, _) = self.model.pair(inbox + 1 + i, inbox);
             self.send("note", &from, &name, Via::Raw);
         }
-        // A file is known by its content: truncated, then given back the very bytes it had
-        // (a retry of its first line), it is the same file to a judge that did not look in
-        // between. The model counts a new file, so the judge is let look before anything
-        // else is written.
-        if !read_past_start {
+        self.judge_sees_new_file(&name, before, had_lines);
+    }
+
+    /// Whether `name`'s inbox holds a complete line.
+    fn has_lines(&self, name: &str) -> bool {
+        !split_lines(&std::fs::read(self.inbox(name)).unwrap())
+            .0
+            .is_empty()
+    }
+
+    /// A file is known by its content: truncated or replaced, then given back the very bytes
+    /// it had (a retry of its first line), it is the same file to a judge that did not look
+    /// in between. The model counts a new file, so once the old one had lines (and so a
+    /// judge had judged some: only then can it tell the files apart), the judge is let look
+    /// before anything else is written.
+    fn judge_sees_new_file(&mut self, name: &str, before: Option<u32>, had_lines: bool) {
+        if !had_lines {
             return;
         }
         if self.daemon.is_some() {
             self.bridge
-                .wait_for(PATIENCE, "the judge to see the truncation", |_| {
-                    self.newest_generation(&name) > before
+                .wait_for(PATIENCE, "the judge to see the new file", |_| {
+                    self.newest_generation(name) > before
                 });
         } else {
             self.bridge.doorbell(&["daemon", "--once"]).ok();
             assert!(
-                self.newest_generation(&name) > before,
-                "daemon --once did not see {name}'s truncation"
+                self.newest_generation(name) > before,
+                "daemon --once did not see that {name}'s inbox is a new file"
             );
         }
     }
@@ -1146,6 +1155,8 @@ impl Case {
         let name = self.model.agent(inbox);
         self.settle_any();
         self.late_lines(&name, late);
+        let before = self.newest_generation(&name);
+        let had_lines = self.has_lines(&name);
         self.close_instance(&name);
         let mut content = String::new();
         for i in 0..fresh {
@@ -1170,6 +1181,7 @@ impl Case {
         drop(file);
         std::fs::rename(&tmp, self.inbox(&name)).unwrap();
         self.drained();
+        self.judge_sees_new_file(&name, before, had_lines);
     }
 
     /// After a replace or delete: the old file's last lines are drained while the daemon runs.
@@ -1185,6 +1197,8 @@ impl Case {
         let name = self.model.agent(inbox);
         self.settle_any();
         self.late_lines(&name, late);
+        let before = self.newest_generation(&name);
+        let had_lines = self.has_lines(&name);
         self.close_instance(&name);
         std::fs::remove_file(self.inbox(&name)).unwrap();
         OpenOptions::new()
@@ -1194,6 +1208,7 @@ impl Case {
             .open(self.inbox(&name))
             .unwrap();
         self.drained();
+        self.judge_sees_new_file(&name, before, had_lines);
     }
 
     fn hup(&mut self, good: bool) {
