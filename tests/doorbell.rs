@@ -274,7 +274,7 @@ fn an_unanswered_request_rings_twice_then_escalates_once_then_stays_quiet() {
     assert_eq!(escalation["kind"], "note");
     assert_eq!(escalation["contextId"], id.as_str());
     let text = escalation["message"]["parts"][0]["text"].as_str().unwrap();
-    assert!(text.contains("rang 2 times"), "{text}");
+    assert!(text.contains("rang twice"), "{text}");
     assert!(
         text.contains(&format!("web has owed design an answer on {id}")),
         "{text}"
@@ -609,7 +609,7 @@ fn a_killed_daemon_neither_repeats_nor_skips_a_ring() {
         .as_str()
         .unwrap()
         .to_owned();
-    assert!(text.contains("rang 2 times"), "{text}");
+    assert!(text.contains("rang twice"), "{text}");
 }
 
 #[test]

@@ -214,7 +214,7 @@ fn a_line_the_far_bridge_refuses_is_said_in_status() {
     let id = pair.a.request("human", "web", "who is on call?");
     a.expect_stderr("refused a line", Duration::from_secs(20));
     let said = pair.a.doorbell(&["status"]).stderr;
-    assert!(said.contains("refused 1 lines"), "{said}");
+    assert!(said.contains("refused 1 line since"), "{said}");
     assert!(said.contains(&id), "{said}");
     assert!(!ids(&pair.b, "web").contains_key(&id));
 }
@@ -255,7 +255,7 @@ fn an_answer_this_bridge_cannot_take_is_said_in_status() {
     a.expect_stderr("is not taken", Duration::from_secs(30));
     let said = pair.a.doorbell(&["status"]).stderr;
     assert!(
-        said.contains("1 answers from the remote 'web' could not be taken here"),
+        said.contains("1 answer from the remote 'web' could not be taken here"),
         "{said}"
     );
     assert!(said.contains(&taken), "{said}");

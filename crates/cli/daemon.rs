@@ -1,5 +1,6 @@
 //! `doorbell daemon`: become the bridge's judge and run until SIGTERM or SIGINT.
 
+use doorbell_core::report::plural;
 use std::path::Path;
 
 use doorbell_store::BridgeLock;
@@ -103,10 +104,10 @@ pub fn run(session: &Session, config_path: Option<&Path>) -> anyhow::Result<i32>
         let ready = move |ready: &doorbell_daemon::Ready| {
             let _ = started.send(());
             eprintln!(
-                "doorbell: judging {} ({} inboxes; {} lines caught up)",
+                "doorbell: judging {} ({}; {} caught up)",
                 ready.dir.display(),
-                ready.inboxes,
-                ready.judged
+                plural(ready.inboxes, "inbox", "inboxes"),
+                plural(ready.judged, "line", "lines")
             );
         };
         doorbell_daemon::run(options, ready, shutdown).await?;

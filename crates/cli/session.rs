@@ -1,6 +1,7 @@
 //! What every command starts from: the config, the bridge folder, and a view of the journal
 //! that is caught up with the inboxes.
 
+use doorbell_core::report::plural;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -53,12 +54,12 @@ pub fn daemon_once(session: &Session) -> anyhow::Result<i32> {
     let lock = crate::daemon::acquire(&bridge, "doorbell daemon --once")?;
     let stats = doorbell_store::judge::once(bridge, lock)?;
     eprintln!(
-        "judged {} lines: {} accepted, {} duplicate, {} refused; {} notices written",
-        stats.judged(),
+        "judged {}: {} accepted, {} duplicate, {} refused; {} written",
+        plural(stats.judged(), "line", "lines"),
         stats.accepted,
         stats.duplicate,
         stats.refused,
-        stats.notices
+        plural(stats.notices, "notice", "notices")
     );
     Ok(crate::exit::OK)
 }

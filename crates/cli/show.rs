@@ -2,6 +2,7 @@
 //! know about one message, about who owes whom, and about one conversation.
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use doorbell_core::report::plural;
 use doorbell_core::trace::Step;
 use doorbell_store::journal::Word;
 use doorbell_store::view::envelope_of;
@@ -118,16 +119,16 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
             request.state,
             request
                 .first_response_at
-                .map(|t| format!(", first answered {}", rfc(t)))
+                .map(|t| format!(", first response {}", rfc(t)))
                 .unwrap_or_default()
         )?;
         if request.is_open() {
             out!(
-                "  {} owes {} since {} ({} rings)",
+                "  {} owes {} since {} ({})",
                 request.debtor_station(),
                 request.creditor(),
                 rfc(request.state_since),
-                request.rings_total
+                plural(request.rings_total, "ring", "rings")
             )?;
         }
     }
@@ -285,8 +286,8 @@ pub fn thread(session: &Session, args: &ThreadArgs) -> anyhow::Result<i32> {
 fn print_trace(trace: &doorbell_core::trace::Trace) -> std::io::Result<()> {
     use doorbell_core::trace::span;
     out!(
-        "trace: {} messages, {} from the first ({}) to the last ({})",
-        trace.messages,
+        "trace: {}, {} from the first ({}) to the last ({})",
+        plural(trace.messages, "message", "messages"),
         span(trace.total_secs),
         rfc(trace.first),
         rfc(trace.last)

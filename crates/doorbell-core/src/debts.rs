@@ -193,6 +193,15 @@ pub fn waiting(request: &Request) -> String {
 
 /// The escalation of `request` to the human station. `held_back`: its last ring is not in
 /// the debtor's inbox yet (the inbox could not be written), so it is not counted as rung.
+/// "once", "twice", "N times".
+fn times(n: u32) -> String {
+    match n {
+        1 => "once".to_owned(),
+        2 => "twice".to_owned(),
+        n => format!("{n} times"),
+    }
+}
+
 #[must_use]
 pub fn escalation_note(
     request: &Request,
@@ -204,12 +213,12 @@ pub fn escalation_note(
         "has not been rung: ring 1 could not be written to its inbox yet".to_owned()
     } else if held_back {
         format!(
-            "rang {} times without an answer, and ring {} could not be written to its inbox yet",
-            request.rings - 1,
+            "rang {} without an answer, and ring {} could not be written to its inbox yet",
+            times(request.rings - 1),
             request.rings
         )
     } else {
-        format!("rang {} times without an answer", request.rings)
+        format!("rang {} without an answer", times(request.rings))
     };
     let text = format!(
         "doorbell: {} has owed {} an answer on {} ({}) for {}; {rang}. \
@@ -222,4 +231,19 @@ pub fn escalation_note(
         answer_command(request),
     );
     note(escalation_id(request), human, request, &text, now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::times;
+    use crate::report::plural;
+
+    #[test]
+    fn counts_read_as_english() {
+        let said: Vec<String> = [0, 1, 2, 3].map(times).into();
+        assert_eq!(said, ["0 times", "once", "twice", "3 times"]);
+        assert_eq!(plural(1_u64, "line", "lines"), "1 line");
+        assert_eq!(plural(0_usize, "line", "lines"), "0 lines");
+        assert_eq!(plural(11_u32, "ring", "rings"), "11 rings");
+    }
 }

@@ -91,8 +91,12 @@ fn quantile(sorted: &[i64], q: f64) -> Option<i64> {
     Some(sorted[rank - 1])
 }
 
-fn plural(n: usize, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
+/// `n` and the noun for `n` of it: "1 request", "2 requests".
+#[must_use]
+pub fn plural(n: impl std::fmt::Display, one: &str, many: &str) -> String {
+    let n = n.to_string();
+    let noun = if n == "1" { one } else { many };
+    format!("{n} {noun}")
 }
 
 /// Build the report.
@@ -419,8 +423,10 @@ impl Report {
         for (agent, c) in &self.per_agent {
             let _ = writeln!(
                 out,
-                "  {agent}: {} requests, {} responses, {} notes",
-                c.requests, c.responses, c.notes
+                "  {agent}: {}, {}, {}",
+                plural(c.requests, "request", "requests"),
+                plural(c.responses, "response", "responses"),
+                plural(c.notes, "note", "notes")
             );
         }
         if !self.refused.is_empty() {

@@ -6,6 +6,7 @@
 //! up to the folder. The board is replaced atomically and written only after the bridge
 //! changed, never on an idle bridge.
 
+use doorbell_core::report::plural;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -204,13 +205,15 @@ fn remote_warnings(
     for remote in remotes.iter().filter(|r| r.url.is_some()) {
         if let Some((n, last)) = refused_by_remote(bridge, &remote.name) {
             warnings.push(format!(
-                "the bridge of the remote '{}' refused {n} lines since the daemon started (the last: {last}); they stay in its inbox here, undelivered",
-                remote.name
+                "the bridge of the remote '{}' refused {} since the daemon started (the last: {last}); they stay in its inbox here, undelivered",
+                remote.name,
+                plural(n, "line", "lines")
             ));
         }
         if let Some((n, last)) = not_taken_from_remote(bridge, &remote.name) {
             warnings.push(format!(
-                "{n} answers from the remote '{}' could not be taken here since the daemon started (the last: {last}); the requests they answer stay open",
+                "{} from the remote '{}' could not be taken here since the daemon started (the last: {last}); the requests they answer stay open",
+                plural(n, "answer", "answers"),
                 remote.name
             ));
         }
