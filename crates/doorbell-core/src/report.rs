@@ -251,9 +251,11 @@ const SHOWN_CHARS: usize = 120;
 #[must_use]
 pub fn printable(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
+    for (at, c) in text.char_indices() {
         match c {
             '\n' | '\t' => out.push(c),
+            // A text's own `\u{…}` would read as an escaped mark: its backslash is doubled.
+            '\\' if text[at + 1..].starts_with("u{") => out.push_str("\\\\"),
             c if c.is_control()
                 || matches!(
                     c,
@@ -438,5 +440,19 @@ impl Report {
             let _ = writeln!(out, "refused: {}", by.join(", "));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn an_escaped_mark_never_reads_like_text_and_text_never_like_an_escaped_mark() {
+        assert_eq!(printable("pay \u{202e}01$"), r"pay \u{202e}01$");
+        assert_eq!(printable(r"pay \u{202e}01$"), r"pay \\u{202e}01$");
+        // Other backslashes stay as written: paths, regexes, `\n` in code.
+        assert_eq!(printable(r"C:\tmp \d+ \n \u"), r"C:\tmp \d+ \n \u");
+        assert_eq!(printable("bell\u{7}\n"), "bell\\u{7}\n");
     }
 }
