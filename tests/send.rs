@@ -190,6 +190,61 @@ fn broadcast_writes_one_line_per_station_with_a_shared_thread() {
 }
 
 #[test]
+fn a_broadcasts_id_is_answered_by_each_station_and_canceled_by_its_sender() {
+    let bridge = Bridge::with_agents(&["web", "design", "ops", "human"]);
+    bridge
+        .doorbell(&[
+            "send", "--to", "all", "--from", "human", "--kind", "request", "--id", "01ALL",
+            "status?",
+        ])
+        .ok();
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    // A station answers the broadcast by its id: the request it was asked.
+    bridge
+        .doorbell(&[
+            "reply",
+            "01ALL",
+            "--from",
+            "web",
+            "--state",
+            "completed",
+            "fine",
+        ])
+        .ok();
+    let answer: serde_json::Value =
+        serde_json::from_slice(bridge.lines("human").last().unwrap()).unwrap();
+    assert_eq!(answer["correlatesTo"], "01ALL.web");
+    // Its sender cannot answer all at once with one state: it is told the ids.
+    let ask = bridge.doorbell(&["reply", "01ALL", "--from", "human", "--state", "working"]);
+    assert_eq!(ask.code, 2, "{ask:?}");
+    assert!(
+        ask.stderr.contains(
+            "'01ALL' is a broadcast: 3 stations were asked, as 01ALL.design, 01ALL.ops, 01ALL.web"
+        ),
+        "{}",
+        ask.stderr
+    );
+    // It cancels what is still open of it by its id.
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let cancel = bridge.doorbell(&["cancel", "01ALL", "--from", "human"]);
+    assert_eq!(cancel.code, 0, "{cancel:?}");
+    assert_eq!(cancel.stdout.lines().count(), 2, "{}", cancel.stdout);
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let debts = bridge.doorbell(&["debts", "--json"]).ok().to_owned();
+    assert!(!debts.contains("01ALL"), "{debts}");
+    for (name, state) in [("design", "canceled"), ("ops", "canceled")] {
+        let last: serde_json::Value =
+            serde_json::from_slice(bridge.lines(name).last().unwrap()).unwrap();
+        assert_eq!(last["correlatesTo"], format!("01ALL.{name}"));
+        assert_eq!(last["state"], state);
+    }
+    // Nothing left open: the id says why.
+    let again = bridge.doorbell(&["cancel", "01ALL", "--from", "human"]);
+    assert_eq!(again.code, 2, "{again:?}");
+    assert!(again.stderr.contains("broadcast"), "{}", again.stderr);
+}
+
+#[test]
 fn a_symlinked_inbox_is_refused_not_followed() {
     let bridge = Bridge::with_agents(&["design"]);
     let target = bridge.tmp.path().join("elsewhere.jsonl");

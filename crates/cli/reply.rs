@@ -50,7 +50,26 @@ pub fn reply(session: &Session, args: ReplyArgs) -> anyhow::Result<i32> {
     )
 }
 
+/// Cancel request `id`, or every open request of the broadcast `id` its sender asked.
 pub fn cancel(session: &Session, args: CancelArgs) -> anyhow::Result<i32> {
-    let text = Some(args.text.unwrap_or_else(|| "canceled".to_owned()));
-    answer(session, &args.id, args.from, "canceled", text, None, None)
+    // Read once: every cancel of a broadcast says it.
+    let text = match args.text {
+        Some(text) if text == "-" => crate::send::read_stdin()?,
+        Some(text) => text,
+        None => "canceled".to_owned(),
+    };
+    let ids = view(&session.bridge()?)?.to_cancel(&args.id, args.from.as_deref())?;
+    for id in ids {
+        let text = Some(text.clone());
+        answer(
+            session,
+            &id,
+            args.from.clone(),
+            "canceled",
+            text,
+            None,
+            None,
+        )?;
+    }
+    Ok(OK)
 }

@@ -15,7 +15,7 @@ use crate::session::{view, Session};
 
 /// Text from stdin: taken as is, but trailing newlines are dropped; NUL and invalid UTF-8
 /// are refused.
-fn read_stdin() -> anyhow::Result<String> {
+pub(crate) fn read_stdin() -> anyhow::Result<String> {
     let mut bytes = Vec::new();
     std::io::stdin()
         .read_to_end(&mut bytes)

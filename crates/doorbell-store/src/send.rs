@@ -6,6 +6,7 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use doorbell_core::ledger::transition_allowed;
+use doorbell_core::report::plural;
 use doorbell_core::{
     is_agent_name, is_id, is_reserved_id, judge_stateless, Limits, Registry, State, Verdict,
     BUILTIN_LOOPS,
@@ -555,11 +556,51 @@ impl View {
         send_placed(self.bridge(), Some(self), message)
     }
 
+    /// The requests `from` cancels by `id`: the request itself, or of a broadcast's those
+    /// `from` asked that are still open (none open: the id itself, so that the answer says
+    /// why).
+    pub fn to_cancel(&self, id: &str, from: Option<&str>) -> Result<Vec<String>> {
+        if self.request(id).is_some() {
+            return Ok(vec![id.to_owned()]);
+        }
+        let open: Vec<String> = self
+            .requests_named(id)?
+            .into_iter()
+            .filter(|named| {
+                self.request(named).is_some_and(|r| {
+                    r.is_open()
+                        && from.is_some_and(|f| f == r.requester || f == r.requester_station())
+                })
+            })
+            .collect();
+        Ok(if open.is_empty() {
+            vec![id.to_owned()]
+        } else {
+            open
+        })
+    }
+
     /// The answer to request `id` from `from` with `state`, without its text yet: the
     /// recipient, `correlatesTo` and the thread come from the ledger.
+    /// A broadcast's id (`<id>.<station>` for each station asked) stands for the request
+    /// `from` was asked; its requester answers each by its own id ([`View::to_cancel`]).
     pub fn answer(&self, id: &str, from: Option<String>, state: &str) -> Result<Message> {
         let from =
             from.ok_or_else(|| refused("who is answering? give --from or set DOORBELL_AGENT"))?;
+        if self.request(id).is_none() {
+            let named = self.requests_named(id)?;
+            let asked = format!("{id}.{from}");
+            if named.contains(&asked) {
+                return self.answer(&asked, Some(from), state);
+            }
+            if !named.is_empty() {
+                return Err(refused(format!(
+                    "'{id}' is a broadcast: {} asked, as {}; answer one by its id",
+                    plural(named.len(), "station was", "stations were"),
+                    named.join(", ")
+                )));
+            }
+        }
         let Some(request) = self.request(id) else {
             // Say what the id is when it is a message, so an answer is not looked for in vain.
             let what = match self.message(id).ok().flatten() {
