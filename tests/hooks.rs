@@ -379,6 +379,21 @@ fn bad_hook_input_is_a_clear_error_and_no_decision() {
         assert_eq!(run.stdout, "", "{args:?}: no decision");
         assert!(run.stderr.contains(says), "{args:?}: {}", run.stderr);
     }
+    // Wrong before `hook`: `--dir $UNSET` takes `hook` for the folder, `--dir "$UNSET"` is
+    // empty, a global option misspelled. Still a hook's command line, still never 2.
+    for (args, says) in [
+        (vec!["--dir", "hook", "Stop", "--agent", "web"], "'Stop'"),
+        (vec!["--dir", "", "hook", "Stop", "--agent", "web"], "--dir"),
+        (
+            vec!["--dirr", "x", "hook", "Stop", "--agent", "web"],
+            "--dirr",
+        ),
+    ] {
+        let run = bridge.doorbell_stdin(&args, &stop);
+        assert_eq!(run.code, 1, "{args:?}: never 2, which blocks: {run:?}");
+        assert_eq!(run.stdout, "", "{args:?}: no decision");
+        assert!(run.stderr.contains(says), "{args:?}: {}", run.stderr);
+    }
     // None of that showed or moved anything: the request is still unread.
     assert_eq!(bridge.read_json("web", &["--peek"]).len(), 1);
 }

@@ -41,17 +41,9 @@ fn main() {
     std::process::exit(code);
 }
 
-/// Whether the command line is `doorbell [global options] hook …`.
+/// Whether the command line may be a hook's: `hook` is one of its words. A line clap
+/// could not read may not say where its command is (`--dir "$UNSET" hook …` takes `hook`
+/// for the folder), and a hook's must never exit 2.
 fn is_hook() -> bool {
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--dir" | "--config" => {
-                args.next();
-            }
-            a if a.starts_with('-') => {}
-            a => return a == "hook",
-        }
-    }
-    false
+    std::env::args().skip(1).any(|arg| arg == "hook")
 }
