@@ -226,6 +226,53 @@ fn a_stop_blocks_on_a_waiting_request_until_it_is_acknowledged_never_twice_for_o
 }
 
 #[test]
+fn a_new_question_on_a_request_already_blocked_for_blocks_the_stop_again() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let sent = bridge.doorbell(&[
+        "send", "--from", "web", "--to", "design", "--kind", "request", "ETA?",
+    ]);
+    let id = sent.ok().trim().to_owned();
+    let question = |text: &str| {
+        bridge
+            .doorbell(&[
+                "reply",
+                &id,
+                "--from",
+                "design",
+                "--state",
+                "input-required",
+                text,
+            ])
+            .ok();
+    };
+    question("which page?");
+    let reason = blocked(
+        "claude",
+        &at(&bridge, "claude", "stop", "web").expect("blocked"),
+    );
+    assert!(reason.contains("which page?"), "{reason}");
+    bridge
+        .doorbell(&[
+            "reply",
+            &id,
+            "--from",
+            "web",
+            "--state",
+            "working",
+            "the footer",
+        ])
+        .ok();
+    assert_eq!(at(&bridge, "claude", "stop", "web"), None, "answered");
+    // The same request, a new question: a new debt, not the set already blocked for.
+    question("which footer?");
+    let reason = blocked(
+        "claude",
+        &at(&bridge, "claude", "stop", "web").expect("blocked again"),
+    );
+    assert!(reason.contains(&id), "{reason}");
+}
+
+#[test]
 fn a_stop_is_never_blocked_more_than_three_times_in_a_row() {
     let bridge = Bridge::with_agents(&["web", "design"]);
     let mut blocks = 0;

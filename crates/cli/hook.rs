@@ -176,7 +176,7 @@ struct HookState {
     /// When a hook after a tool call last spoke (milliseconds).
     #[serde(default)]
     after_tool_at: i64,
-    /// The set of debts the last blocked stop named.
+    /// The set of debts the last blocked stop named, each `<request>@<epoch>`.
     #[serde(default)]
     blocked_for: Vec<String>,
     /// Every set of debts a stop was blocked for, the latest last (at most
@@ -463,7 +463,16 @@ fn stop_blocks(
         state.blocked_for.clear();
         return false;
     }
-    let seen = pending == state.blocked_for || state.blocked_sets.contains(&pending);
+    // A set is of debts, not requests: a new question on a request is a new epoch, and a
+    // new debt (`<id>@<epoch>`).
+    let mut debts: Vec<String> = owes
+        .iter()
+        .filter(|r| pending.contains(&r.id))
+        .map(|r| format!("{}@{}", r.id, r.epoch))
+        .collect();
+    debts.sort();
+    debts.dedup();
+    let seen = debts == state.blocked_for || state.blocked_sets.contains(&debts);
     if seen || state.blocks_in_row >= MAX_BLOCKS_IN_ROW {
         return false;
     }
@@ -472,8 +481,8 @@ fn stop_blocks(
     if state.blocked_sets.len() >= MAX_SETS_REMEMBERED {
         state.blocked_sets.remove(0);
     }
-    state.blocked_sets.push(pending.clone());
-    state.blocked_for = pending;
+    state.blocked_sets.push(debts.clone());
+    state.blocked_for = debts;
     true
 }
 
