@@ -318,7 +318,7 @@ fn five_hundred_unread_messages_give_one_capped_output_with_the_count() {
     let rest = 500 - shown;
     assert!(
         text.contains(&format!(
-            "{rest} more unread messages not shown here: run `doorbell read web`"
+            "{rest} more unread messages not shown here: run `doorbell read web --max-chars 20000`"
         )),
         "{text}"
     );

@@ -34,6 +34,49 @@ fn read_twice_shows_nothing_the_second_time_and_peek_shows_the_same_twice() {
 }
 
 #[test]
+fn read_with_room_prints_what_fits_and_leaves_the_rest_unread_and_counted() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let texts: Vec<String> = (0..5).map(|n| format!("{n}{}", "x".repeat(900))).collect();
+    for text in &texts {
+        bridge.send("design", "web", text);
+    }
+    // Two messages fit in 2,500 characters; the other three stay unread, counted.
+    let first = bridge.doorbell(&["read", "web", "--max-chars", "2500"]);
+    let shown: Vec<&str> = first.ok().lines().filter(|l| l.contains("xxx")).collect();
+    assert_eq!(shown.len(), 2, "{}", first.stdout);
+    assert!(shown[0].contains(&texts[0]) && shown[1].contains(&texts[1]));
+    assert!(
+        first.stdout.trim_end().ends_with(
+            "3 more messages are not shown here, for room: run `doorbell read web --max-chars 2500` again."
+        ),
+        "{}",
+        first.stdout
+    );
+    // As JSON, one message per line; the count goes to stderr.
+    let second = bridge.doorbell(&["read", "web", "--json", "--max-chars", "2500"]);
+    let records: Vec<serde_json::Value> = second
+        .ok()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 2);
+    assert_eq!(
+        records[0]["envelope"]["message"]["parts"][0]["text"],
+        texts[2]
+    );
+    assert!(
+        second.stderr.contains("1 more message is not shown"),
+        "{}",
+        second.stderr
+    );
+    // A message larger than the room is printed alone, whole.
+    let third = bridge.doorbell(&["read", "web", "--max-chars", "10"]);
+    assert!(third.ok().contains(&texts[4]), "{}", third.stdout);
+    assert!(!third.stdout.contains("more message"), "{}", third.stdout);
+    assert!(bridge.read_json("web", &[]).is_empty(), "all read once");
+}
+
+#[test]
 fn a_partial_last_line_is_never_shown_and_the_cursor_stops_before_it() {
     let bridge = Bridge::with_agents(&["web", "design"]);
     let whole = line("01WHOLE", "design", "web", "note", "");

@@ -34,6 +34,9 @@ const MAX_SETS_REMEMBERED: usize = 64;
 /// A stop is blocked at most this many times in a row, so an agent is never trapped (Claude
 /// Code's own cap is 8).
 const MAX_BLOCKS_IN_ROW: u32 = 3;
+/// The room the command a hook gives for the rest of the mail asks for: what a harness's
+/// shell tool shows whole (Claude Code keeps 30,000 characters of a command's output).
+const READ_ROOM: usize = 20_000;
 /// The most of one message's text a hook shows; the rest is a command away.
 const MAX_TEXT_CHARS: usize = 1_200;
 
@@ -346,7 +349,7 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
     if text.left_out > 0 {
         let _ = write!(
             text.body,
-            "\n{} more unread message{} not shown here: run `doorbell read {agent}`.\n",
+            "\n{} more unread message{} not shown here: run `doorbell read {agent} --max-chars {READ_ROOM}`.\n",
             text.left_out,
             if text.left_out == 1 { "" } else { "s" }
         );

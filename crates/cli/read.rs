@@ -31,8 +31,9 @@ pub struct JsonMessage<'a> {
 
 /// How printing ended.
 pub enum Printed {
-    /// Everything accepted up to this offset was written and flushed: this many messages.
-    Upto(u64, usize),
+    /// Everything accepted up to this offset was written and flushed: this many messages,
+    /// and how many accepted ones past it were left for lack of room.
+    Upto(u64, usize, usize),
     /// The reader of our output went away.
     ClosedPipe,
 }
@@ -56,18 +57,28 @@ pub struct Inbox<'a> {
 }
 
 /// Print the accepted lines of `inbox` (which `journal` describes) from `from` up to where
-/// judging stopped.
+/// judging stopped; with `room`, only the messages that fit in that many characters (the
+/// first always), the rest counted and left unread.
 pub fn print_accepted(
     inbox: &Inbox<'_>,
     journal: &mut InboxView,
     from: u64,
     json: bool,
+    room: Option<usize>,
     out: &mut impl Write,
 ) -> anyhow::Result<Printed> {
     let Inbox { agent, path, file } = *inbox;
     let now = Utc::now();
     let mut count = 0;
+    let mut used = 0;
+    // Where the first message with no room starts, and how many are left from there.
+    let mut full: Option<u64> = None;
+    let mut left = 0;
     let result = journal.accepted_lines(file, from, |offset, bytes| -> Result<(), Stop> {
+        if full.is_some() {
+            left += 1;
+            return Ok(());
+        }
         let Some(envelope) = envelope_of(bytes) else {
             // Accepted bytes always parse; these changed under us.
             return Err(Stop::Failed(anyhow::anyhow!(
@@ -91,6 +102,13 @@ pub fn print_accepted(
         } else {
             format!("{}\n", output::message(&envelope, now))
         };
+        let chars = text.chars().count();
+        if count > 0 && room.is_some_and(|room| used + chars > room) {
+            full = Some(offset);
+            left = 1;
+            return Ok(());
+        }
+        used += chars;
         count += 1;
         match out.write_all(text.as_bytes()) {
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Stop::ClosedPipe),
@@ -98,14 +116,14 @@ pub fn print_accepted(
         }
     });
     let upto = match result {
-        Ok(upto) => upto,
+        Ok(upto) => full.unwrap_or(upto),
         Err(Stop::ClosedPipe) => return Ok(Printed::ClosedPipe),
         Err(Stop::Failed(e)) => return Err(e),
     };
     match out.flush() {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(Printed::ClosedPipe),
         Err(e) => Err(e).context("writing to stdout"),
-        Ok(()) => Ok(Printed::Upto(upto, count)),
+        Ok(()) => Ok(Printed::Upto(upto, count, left)),
     }
 }
 
@@ -146,10 +164,31 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
         path: &path,
         file: &inbox,
     };
-    let printed = print_accepted(&reading, &mut journal, from, args.json, &mut out)?;
-    if let (Printed::Upto(to, _), false) = (printed, args.peek) {
-        if to > position.offset() {
+    let printed = print_accepted(
+        &reading,
+        &mut journal,
+        from,
+        args.json,
+        args.max_chars,
+        &mut out,
+    )?;
+    if let Printed::Upto(to, _, left) = printed {
+        if to > position.offset() && !args.peek {
             cursor::advance(&bridge, &args.agent, &inbox, to, "read")?;
+        }
+        if left > 0 {
+            let more = format!(
+                "{} not shown here, for room: run `doorbell read {} --max-chars {}` again.",
+                doorbell_core::report::plural(left, "more message is", "more messages are"),
+                args.agent,
+                args.max_chars.unwrap_or_default()
+            );
+            // JSON output stays one message per line.
+            if args.json {
+                eprintln!("doorbell: {more}");
+            } else {
+                let _ = writeln!(out, "{more}");
+            }
         }
     }
     Ok(OK)

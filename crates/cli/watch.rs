@@ -94,9 +94,9 @@ pub fn follow(
                 path: &path,
                 file: &inbox,
             };
-            match print_accepted(&reading, &mut journal, printed_to, json, &mut out)? {
+            match print_accepted(&reading, &mut journal, printed_to, json, None, &mut out)? {
                 Printed::ClosedPipe => return Ok(OK),
-                Printed::Upto(to, count) => {
+                Printed::Upto(to, count, _) => {
                     if to > printed_to {
                         keeper.advance(&bridge, &inbox, (inbox_identity, gen), to, via)?;
                         printed_to = to;
