@@ -6,6 +6,8 @@ use std::path::Path;
 
 use crate::util::{line, Bridge};
 
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// `cp -a FROM TO`: every file gets a new inode, the bytes and times stay.
 fn copy_folder(from: &Path, to: &Path) {
     let status = std::process::Command::new("cp")
@@ -1195,4 +1197,45 @@ fn an_empty_inbox_restored_before_its_first_line_keeps_its_generation_through_a_
     assert_eq!(once.code, 0, "{once:?}");
     assert_eq!(refused_log(&bridge), refusals, "each refusal logged once");
     assert_eq!(notices_naming(&bridge, "design", "01BADTO"), 1, "told once");
+}
+
+/// Whether process `pid` has a file open whose path ends with `name`.
+fn has_open(pid: u32, name: &str) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+            .any(|target| target.to_string_lossy().ends_with(name))
+    })
+}
+
+/// A `watch` waiting for its reader's turn while its empty inbox is replaced: the judge goes
+/// on with the new file as the same generation, and the watch reads that file, not the one
+/// it had open.
+#[test]
+fn a_watch_waiting_for_its_turn_reads_the_new_file_of_an_inbox_replaced_before_its_first_line() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let _daemon = crate::util::Daemon::start(&bridge, &[]);
+    // Another reader of web holds its turn.
+    let reads = bridge.dir().join(".doorbell/reads");
+    std::fs::create_dir_all(&reads).unwrap();
+    let held = std::fs::File::create(reads.join("web.lock")).unwrap();
+    held.lock().unwrap();
+    let watch = crate::util::Watch::start(&bridge, "web");
+    bridge.wait_for(PATIENCE, "the watch to open web's inbox and lock", |_| {
+        has_open(watch.id(), "web-inbox.jsonl") && has_open(watch.id(), "reads/web.lock")
+    });
+    // The empty inbox is replaced, and the new file's first line judged.
+    std::fs::remove_file(bridge.inbox("web")).unwrap();
+    bridge.doorbell(&["agent", "add", "web"]).ok();
+    let first = bridge.send("design", "web", "L1 first");
+    let first = first.trim();
+    bridge.wait_for(PATIENCE, "the first line judged", |b| {
+        b.verdicts()
+            .iter()
+            .any(|v| v.0 == "web" && v.2 == "accepted")
+    });
+    drop(held);
+    let second = bridge.send("design", "web", "L2 second");
+    assert_eq!(watch.next(PATIENCE), first);
+    assert_eq!(watch.next(PATIENCE), second.trim());
+    assert!(bridge.read_json("web", &[]).is_empty(), "both read once");
 }

@@ -78,10 +78,15 @@ pub fn follow(
             )?;
             // The judge may have begun a new file while this reader waited for its turn (it
             // holds the turn while it marks one): nothing more of the old one is printed.
+            // A new file may also go on as the same generation (a copy of the old bytes, or
+            // one taken before anything in the old was judged): it is the one read on.
             let gen = journal.journal.gen;
             follower.follow(&mut journal)?;
-            if journal.journal.gen != gen {
-                printed_to = 0;
+            let moved = inbox_identity != (journal.journal.dev, journal.journal.ino);
+            if journal.journal.gen != gen || moved {
+                if journal.journal.gen != gen {
+                    printed_to = 0;
+                }
                 drop(turn);
                 follow_file(&path, &journal, &mut inbox, &mut inbox_identity)?;
                 continue;

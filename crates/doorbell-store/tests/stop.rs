@@ -96,3 +96,49 @@ fn an_interrupted_drain_is_finished_by_the_stopping_judge() {
     assert!(judge.snapshot().ledger.is_claimed("01OLDLATE"));
     assert!(judge.snapshot().ledger.is_claimed("01NEWFIRST"));
 }
+
+/// A sweep stopped while the first line of an inbox was held (a response whose request was
+/// not read yet) journaled verdicts past it and no mark. A different file that then takes
+/// the inbox's path is a new generation: the verdicts of the old file's lines are not its
+/// lines'.
+#[test]
+fn a_new_file_after_a_sweep_stopped_behind_a_held_first_line_is_judged_whole() {
+    use doorbell_store::journal::{journal_path, JournalWriter, Record, Word};
+
+    let dir = tempfile::tempdir().unwrap();
+    let bridge = Bridge::create(dir.path(), Config::default()).unwrap();
+    for agent in ["web", "design", "human"] {
+        bridge.add_agent(agent).unwrap();
+    }
+    let path = bridge.inbox_path("web").unwrap();
+    let lock = BridgeLock::acquire(&bridge, "test").unwrap();
+    let mut judge = Judge::open(bridge.clone(), lock).unwrap();
+    judge.catch_up(Utc::now()).unwrap();
+    drop(judge);
+
+    // What the stopped sweep left: the old file's second line refused, nothing before it.
+    let first = note("01NEWFIRST");
+    let second = note("01NEWSECOND");
+    let at = first.len() as u64 + 1;
+    let journal = journal_path(&bridge);
+    let len = std::fs::metadata(&journal).unwrap().len();
+    let mut writer = JournalWriter::open(&journal, len).unwrap();
+    let mut record = Record::new("web", 0, at, Word::Refused, Utc::now().timestamp_millis());
+    record.span = second.len() as u64 + 1;
+    record.reason = Some("misaddressed".to_owned());
+    record.detail = Some("a line of the old file".to_owned());
+    writer.append(&record).unwrap();
+    writer.sync().unwrap();
+    drop(writer);
+
+    // Another file at the inbox's path, whose second line is at that very offset.
+    let new = dir.path().join("web-inbox.new");
+    std::fs::write(&new, format!("{first}\n{second}\n")).unwrap();
+    std::fs::rename(&new, &path).unwrap();
+
+    let lock = BridgeLock::acquire(&bridge, "test").unwrap();
+    let stats = doorbell_store::judge::once(bridge.clone(), lock).unwrap();
+    assert_eq!(stats.accepted, 2, "{stats:?}");
+    let view = doorbell_store::View::open(&bridge).unwrap();
+    assert!(view.message("01NEWSECOND").unwrap().is_some());
+}

@@ -475,7 +475,8 @@ impl Judge {
         // under a new inode goes on as it, all of it still to be read. A new generation would
         // only renumber it: the numbers that key the refusals and notices would then differ
         // from a judge's that reads the same files afresh (after losing its journal).
-        if moved && resume == 0 && known.mark.is_none() && !holding {
+        let untouched = resume == 0 && known.mark.is_none() && known.judged_beyond.is_empty();
+        if moved && untouched && !holding {
             let gen = known.gen;
             tracing::info!(
                 inbox = name,
