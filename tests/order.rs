@@ -337,6 +337,43 @@ fn a_line_reusing_the_id_of_a_waiting_response_waits_behind_it() {
 }
 
 #[test]
+fn a_request_held_behind_a_refused_line_is_judged_before_the_answer_held_for_it() {
+    // ann's note to bob names a request that does not exist, under id x1; x1 is free again
+    // once it is refused, and ann's request to cat takes it; cat completes it. The request
+    // waits behind the note (same id), the answer waits for the request.
+    let lines = vec![
+        envelope(
+            "x1",
+            0,
+            1,
+            "note",
+            r#","correlatesTo":"typo""#,
+            1,
+            "see typo",
+        ),
+        envelope("x1", 0, 2, "request", r#","state":"submitted""#, 2, "ETA?"),
+        envelope(
+            "s1",
+            2,
+            0,
+            "response",
+            r#","correlatesTo":"x1","state":"completed""#,
+            3,
+            "Friday",
+        ),
+    ];
+    let (live, caught_up) = both(&lines);
+    assert_eq!(
+        live["bob/x1#0"],
+        ("refused".to_owned(), Some("unknown-request".to_owned())),
+        "{live:?}"
+    );
+    assert_eq!(live["cat/x1#0"].0, "accepted", "{live:?}");
+    assert_eq!(live["ann/s1#0"].0, "accepted", "{live:?}");
+    assert_eq!(caught_up, live);
+}
+
+#[test]
 fn a_response_the_scan_cannot_read_never_passes_its_own_inboxs_earlier_lines() {
     // bob's `completed` is written with `message` first and a "kind" inside it: the quick
     // scan reads that "kind", not the envelope's. It must still come after bob's `working`.

@@ -363,12 +363,11 @@ impl Judge {
         // held answers no request. Unless an inbox could not be read: its request may be
         // there, so the line waits, unjudged, and its inbox is swept again once that one
         // can be read.
-        let mut rest: Vec<Held> = held.by_request.into_values().flatten().collect();
+        let mut rest = verdicts::last_held_in_order(held.by_request);
         if !self.unreadable.is_empty() {
             self.waiting_on_unreadable
                 .extend(rest.drain(..).map(|line| line.inbox));
         }
-        rest.sort_by(|a, b| (&a.inbox, a.offset).cmp(&(&b.inbox, b.offset)));
         // What still waits for its turn (the line before it was never judged in this sweep)
         // is judged now, in the order of the turns, and before the held lines: a line with
         // the id of a waiting one waits among them.

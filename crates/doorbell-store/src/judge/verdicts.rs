@@ -104,6 +104,62 @@ impl HeldLines {
     }
 }
 
+/// The lines still held once every inbox was read to its end, in the order they are judged:
+/// each request's lines in the order they were held (a reuse of an id behind the line it
+/// reuses), and after every held line whose id is that request, so that a request held
+/// behind another line is judged before the answers held for it, as a live judge would.
+/// Otherwise (and to break a cycle) the request whose first line comes first by inbox and
+/// offset goes first.
+pub(super) fn last_held_in_order(by_request: HashMap<String, Vec<Held>>) -> Vec<Held> {
+    use std::collections::BTreeSet;
+    type Key = (String, u32, u64);
+    let key = |lines: &[Held]| -> Key {
+        let first = &lines[0];
+        (first.inbox.clone(), first.gen, first.offset)
+    };
+    // How many held lines carry each request's id: until none is judged, it waits.
+    let mut blockers: HashMap<&str, usize> = HashMap::new();
+    for line in by_request.values().flatten() {
+        if by_request.contains_key(&line.id) {
+            *blockers.entry(line.id.as_str()).or_default() += 1;
+        }
+    }
+    let mut ready: BTreeSet<(Key, &str)> = BTreeSet::new();
+    let mut blocked: BTreeSet<(Key, &str)> = BTreeSet::new();
+    for (request, lines) in by_request.iter().filter(|(_, lines)| !lines.is_empty()) {
+        let entry = (key(lines), request.as_str());
+        if blockers.contains_key(request.as_str()) {
+            blocked.insert(entry);
+        } else {
+            ready.insert(entry);
+        }
+    }
+    let mut order: Vec<&str> = Vec::with_capacity(by_request.len());
+    while let Some(next) = ready.pop_first().or_else(|| blocked.pop_first()) {
+        let request = next.1;
+        order.push(request);
+        for line in &by_request[request] {
+            let Some(count) = blockers.get_mut(line.id.as_str()) else {
+                continue;
+            };
+            *count -= 1;
+            if *count == 0 {
+                let waiting = line.id.as_str();
+                let entry = (key(&by_request[waiting]), waiting);
+                if blocked.remove(&entry) {
+                    ready.insert(entry);
+                }
+            }
+        }
+    }
+    let order: Vec<String> = order.into_iter().map(str::to_owned).collect();
+    let mut by_request = by_request;
+    order
+        .into_iter()
+        .flat_map(|request| by_request.remove(&request).unwrap_or_default())
+        .collect()
+}
+
 /// The `inbox/gen/offset` keys of the refusals a notice line names in its data part.
 pub(super) fn notice_covers(bytes: &[u8]) -> Vec<String> {
     let Ok(line) = serde_json::from_slice::<serde_json::Value>(bytes) else {
