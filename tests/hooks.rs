@@ -291,6 +291,45 @@ fn a_stop_is_never_blocked_more_than_three_times_in_a_row() {
 }
 
 #[test]
+fn a_briefing_counts_the_debts_it_has_no_room_for_both_ways() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let mut to_web = String::new();
+    let mut to_design = String::new();
+    for n in 0..100 {
+        let id = format!("01OWEDBYWEB{n:03}");
+        to_web.push_str(&crate::util::line(&id, "design", "web", "request", ""));
+        to_web.push('\n');
+        let id = format!("01OWEDTOWEB{n:03}");
+        to_design.push_str(&crate::util::line(&id, "web", "design", "request", ""));
+        to_design.push('\n');
+    }
+    bridge.append_raw("web", to_web.as_bytes());
+    bridge.append_raw("design", to_design.as_bytes());
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let answer = at(&bridge, "claude", "start", "web").expect("a briefing");
+    let text = context("claude", "SessionStart", &answer);
+    // Each way, the lines shown and the count of the rest make all 100.
+    for (shown, more) in [
+        (
+            "- you owe design",
+            "more you owe: run `doorbell debts --owed-by web`",
+        ),
+        (
+            "- design owes you",
+            "more owed to you: run `doorbell debts`",
+        ),
+    ] {
+        let lines = text.lines().filter(|l| l.starts_with(shown)).count();
+        let left: usize = text
+            .lines()
+            .find(|l| l.ends_with(more))
+            .and_then(|l| l.strip_prefix("- and ")?.split(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no count of the rest ({more}): {text}"));
+        assert_eq!(lines + left, 100, "{text}");
+    }
+}
+
+#[test]
 fn five_hundred_unread_messages_give_one_capped_output_with_the_count() {
     let bridge = Bridge::with_agents(&["web", "design"]);
     let inbox = bridge.inbox("web");

@@ -588,42 +588,59 @@ impl Composer {
         true
     }
 
-    fn debts_owed(&mut self, owes: &[&Request], now: DateTime<Utc>) {
-        let mut left = 0;
-        for r in owes {
-            let who = r.creditor_station();
-            let line = format!(
-                "- you owe {who} an answer to {} ({}, {} ago): {}",
-                r.id,
-                r.state,
-                span(r.state_since, now),
-                answer_command_from(r, Some(r.debtor_station()))
-            );
-            if !self.line(&line) {
-                left += 1;
+    /// As many of `lines` as fit, in order, and then how many did not (`more` says it),
+    /// room kept for that count while any are left.
+    fn lines_counted(&mut self, lines: &[String], more: impl Fn(usize) -> String) {
+        for (shown, line) in lines.iter().enumerate() {
+            let left = lines.len() - shown - 1;
+            let count = if left > 0 { units(&more(left)) + 1 } else { 0 };
+            if units(line) + 1 + count > self.room() {
+                self.line(&more(lines.len() - shown));
+                return;
             }
-        }
-        if left > 0 {
-            self.line(&format!(
-                "- and {left} more you owe: run `doorbell debts --owed-by {}`",
-                owes[0].debtor_station()
-            ));
+            self.line(line);
         }
     }
 
+    fn debts_owed(&mut self, owes: &[&Request], now: DateTime<Utc>) {
+        let lines: Vec<String> = owes
+            .iter()
+            .map(|r| {
+                format!(
+                    "- you owe {} an answer to {} ({}, {} ago): {}",
+                    r.creditor_station(),
+                    r.id,
+                    r.state,
+                    span(r.state_since, now),
+                    answer_command_from(r, Some(r.debtor_station()))
+                )
+            })
+            .collect();
+        let Some(first) = owes.first() else {
+            return;
+        };
+        let debtor = first.debtor_station().to_owned();
+        self.lines_counted(&lines, |left| {
+            format!("- and {left} more you owe: run `doorbell debts --owed-by {debtor}`")
+        });
+    }
+
     fn owed_to(&mut self, owed: &[&Request], now: DateTime<Utc>) {
-        for r in owed {
-            let line = format!(
-                "- {} owes you an answer to {} ({}, {} ago)",
-                r.debtor_station(),
-                r.id,
-                r.state,
-                span(r.state_since, now)
-            );
-            if !self.line(&line) {
-                break;
-            }
-        }
+        let lines: Vec<String> = owed
+            .iter()
+            .map(|r| {
+                format!(
+                    "- {} owes you an answer to {} ({}, {} ago)",
+                    r.debtor_station(),
+                    r.id,
+                    r.state,
+                    span(r.state_since, now)
+                )
+            })
+            .collect();
+        self.lines_counted(&lines, |left| {
+            format!("- and {left} more owed to you: run `doorbell debts`")
+        });
     }
 
     fn stop_reason(
