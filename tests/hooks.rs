@@ -595,6 +595,37 @@ fn the_tmux_recipe_types_its_fixed_prompt_into_the_agents_pane_never_the_message
 }
 
 #[test]
+fn a_request_cut_to_fit_still_says_what_is_owed_and_how_to_pay_it() {
+    for harness in ["claude", "gemini"] {
+        let bridge = Bridge::with_agents(&["web", "design"]);
+        bridge.config("hook_max_chars = 1500\n");
+        // Each ESC is shown as a six-character escape: the text is cut to fit.
+        let sent = bridge.doorbell(&[
+            "send",
+            "--from",
+            "design",
+            "--to",
+            "web",
+            "--kind",
+            "request",
+            "--",
+            &"\u{1b}".repeat(3000),
+        ]);
+        let id = sent.ok().trim().to_owned();
+        let answer = at(&bridge, harness, "prompt", "web").expect("shown, cut");
+        let text = context(harness, event(harness, "prompt"), &answer);
+        assert!(text.chars().count() <= 1500, "{text}");
+        assert!(text.contains(&format!("doorbell show {id}")), "{text}");
+        assert!(
+            text.contains(&format!(
+                "- you owe design an answer: doorbell reply {id} --from web"
+            )),
+            "{text}"
+        );
+    }
+}
+
+#[test]
 fn text_that_escapes_long_stays_under_the_cap_and_refused_lines_are_passed() {
     let bridge = Bridge::with_agents(&["web", "design"]);
     // Each ESC is shown as a six-character escape: cut to fit after escaping, not before.

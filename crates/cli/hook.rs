@@ -722,19 +722,20 @@ impl Composer {
                 envelope.id
             );
         }
+        // What the agent owes for this message, and the command that pays it: after the
+        // frame, whole, however much of the text is cut.
+        let debt_line = owed.map_or_else(String::new, |request| {
+            format!(
+                "- you owe {} an answer: {}\n",
+                doorbell_core::debts::waiting(request),
+                answer_command_from(request, Some(&self.agent))
+            )
+        });
         let mut framed = head;
         framed.push('\n');
         frame_lines(&shown, &mut framed);
         let _ = writeln!(framed, "[doorbell {} end]", self.nonce);
-        // What the agent owes for this message, and the command that pays it.
-        if let Some(request) = owed {
-            let _ = writeln!(
-                framed,
-                "- you owe {} an answer: {}",
-                doorbell_core::debts::waiting(request),
-                answer_command_from(request, Some(&self.agent))
-            );
-        }
+        framed.push_str(&debt_line);
         let room = self.room();
         if units(&framed) > room {
             // The first message is shown cut rather than not at all, so a long one never
@@ -744,13 +745,14 @@ impl Composer {
             }
             // Cut to what fits once escaped and framed (an escape takes several characters).
             let head = framed.lines().next().unwrap_or_default().to_owned();
-            let mut keep = room.saturating_sub(200);
+            let mut keep = room.saturating_sub(200 + units(&debt_line));
             loop {
                 let mut cut_text: String = shown.chars().take(keep).collect();
                 let _ = write!(cut_text, " … (more: `doorbell show {}`)", envelope.id);
                 framed = format!("{head}\n");
                 frame_lines(&cut_text, &mut framed);
                 let _ = writeln!(framed, "[doorbell {} end]", self.nonce);
+                framed.push_str(&debt_line);
                 if units(&framed) <= room || keep == 0 {
                     break;
                 }
