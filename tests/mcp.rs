@@ -101,6 +101,93 @@ fn a_read_returns_what_a_harness_takes_and_leaves_the_rest_unread() {
     assert!(calls[0]["more"].as_u64().unwrap() > 0, "{}", calls[0]);
 }
 
+/// `show` and `debts` stay within what a harness takes, however long the text, the thread
+/// or the list: a long text comes in pages that join up to it, a thread's latest messages
+/// with their texts cut, the debts counted past fifty.
+#[test]
+fn show_and_debts_answer_in_pages_and_counts_not_megabytes() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let huge: String = (b'a'..=b'z')
+        .cycle()
+        .take(200_000)
+        .map(char::from)
+        .collect();
+    let request = bridge
+        .doorbell_stdin(
+            &[
+                "send", "--from", "design", "--to", "web", "--kind", "request", "-",
+            ],
+            huge.as_bytes(),
+        )
+        .ok()
+        .trim()
+        .to_owned();
+    for n in 0..30 {
+        bridge
+            .doorbell(&[
+                "reply",
+                &request,
+                "--from",
+                "web",
+                "--state",
+                "working",
+                &format!("{n} {}", "still ".repeat(500)),
+            ])
+            .ok();
+    }
+    for n in 0..60 {
+        bridge
+            .doorbell(&[
+                "send",
+                "--from",
+                "design",
+                "--to",
+                "web",
+                "--kind",
+                "request",
+                &format!("ask {n}"),
+            ])
+            .ok();
+    }
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let mut raw = Raw::start(&bridge, "web");
+    let mut text = String::new();
+    let mut from = 0;
+    for id in 1.. {
+        raw.call(
+            id,
+            "show",
+            &serde_json::json!({"id": request, "from": from}),
+        );
+        let answer = raw.answer(id);
+        let content = answer["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(
+            content.len() < 60_000,
+            "{} bytes in one show",
+            content.len()
+        );
+        let shown = &answer["result"]["structuredContent"];
+        let thread = shown["thread"].as_array().unwrap();
+        assert_eq!(thread.len(), 20, "the latest 20 of the thread");
+        assert_eq!(shown["threadEarlier"], 11);
+        let page = shown["message"]["text"].as_str().unwrap();
+        let Some(next) = shown["message"]["next"].as_u64() else {
+            text.push_str(page);
+            break;
+        };
+        let (kept, _) = page.split_once(" … (").unwrap();
+        text.push_str(kept);
+        from = next;
+        assert!(id < 100, "pages never end");
+    }
+    assert_eq!(text, huge, "the pages join up to the text");
+    raw.call(1000, "debts", &serde_json::json!({}));
+    let debts = &raw.answer(1000)["result"]["structuredContent"];
+    assert_eq!(debts["owes"].as_array().unwrap().len(), 50);
+    // The 60 asks and the long request, still being worked on.
+    assert_eq!(debts["owesMore"], 11, "{}", debts["owesMore"]);
+}
+
 /// `doorbell mcp` spoken to in raw JSON-RPC lines, for what the SDK does not do on demand
 /// (a cancel at a chosen moment, a client that just goes): initialized on start.
 struct Raw {

@@ -36,6 +36,14 @@ const MAX_READ: usize = 50;
 const MAX_READ_UNITS: usize = 20_000;
 /// The most of one message's text `read` returns; the rest is a `show` away.
 const MAX_MESSAGE_UNITS: usize = 8_000;
+/// The most of one message's text one `show` returns; `from` pages through the rest.
+const MAX_SHOW_UNITS: usize = 16_000;
+/// The most messages of a thread `show` returns (the latest), each text cut to
+/// [`THREAD_TEXT_UNITS`]: each is a `show` away.
+const MAX_THREAD: usize = 20;
+const THREAD_TEXT_UNITS: usize = 200;
+/// The most debts `debts` returns each way; the rest are counted.
+const MAX_DEBTS: usize = 50;
 /// The longest a `wait` blocks.
 const MAX_WAIT_SECS: u64 = 600;
 
@@ -114,6 +122,8 @@ struct WaitArgs {
 struct ShowArgs {
     /// A message's id.
     id: String,
+    /// Where in the message's text to start, in characters (a long text comes in pages).
+    from: Option<usize>,
 }
 
 /// A failed call as the model sees it: what went wrong and how to fix it.
@@ -335,17 +345,32 @@ impl Doorbell {
                 .filter(|r| r.creditor_station() == agent && r.debtor_station() != agent)
                 .map(|r| debt_json(r, agent))
                 .collect();
-            Ok(json!({ "owes": owes, "owed": owed }))
+            // The oldest first, as many as a result holds; the rest counted.
+            let (owes_more, owed_more) = (
+                owes.len().saturating_sub(MAX_DEBTS),
+                owed.len().saturating_sub(MAX_DEBTS),
+            );
+            let owes: Vec<Value> = owes.into_iter().take(MAX_DEBTS).collect();
+            let owed: Vec<Value> = owed.into_iter().take(MAX_DEBTS).collect();
+            Ok(json!({
+                "owes": owes,
+                "owed": owed,
+                "owesMore": owes_more,
+                "owedMore": owed_more,
+            }))
         })
         .await
     }
 
-    #[tool(description = "One message by id: its verdict, its request's state, and its thread.")]
+    #[tool(
+        description = "One message by id: its verdict, its request's state, and its thread (the latest messages, their texts cut). A long text comes in pages: call again with from."
+    )]
     async fn show(
         &self,
         Parameters(args): Parameters<ShowArgs>,
     ) -> Result<CallToolResult, McpError> {
-        self.call(move |_, bridge| show(bridge, &args.id)).await
+        self.call(move |_, bridge| show(bridge, &args.id, args.from.unwrap_or(0)))
+            .await
     }
 
     #[tool(description = "Every station: unread, owes, is owed; the judge; refusals.")]
@@ -388,10 +413,9 @@ fn read(
             let envelope = envelope_of(bytes)
                 .with_context(|| format!("{} changed at byte {offset}", path.display()))?;
             let mut message = message_json(&envelope);
-            cut_text(&mut message, &envelope.id);
-            let size = message["text"]
-                .as_str()
-                .map_or(0, |t| t.encode_utf16().count());
+            cut_text(&mut message, &envelope.id, MAX_MESSAGE_UNITS);
+            // Measured as the client gets it: escapes, ids and every field.
+            let size = message.to_string().encode_utf16().count();
             if !messages.is_empty() && units + size > MAX_READ_UNITS {
                 more += 1;
                 return Ok(());
@@ -419,16 +443,23 @@ fn read(
     ))
 }
 
-/// Cut a message's text past [`MAX_MESSAGE_UNITS`], saying so and how to see the rest.
-fn cut_text(message: &mut Value, id: &str) {
+/// Where `text` passes `units` UTF-16 units (an emoji is two), if it does.
+fn cut_at(text: &str, units: usize) -> Option<usize> {
+    let mut kept = 0usize;
+    text.char_indices()
+        .find(|(_, c)| {
+            kept += c.len_utf16();
+            kept > units
+        })
+        .map(|(end, _)| end)
+}
+
+/// Cut a message's text past `units`, saying so and how to see the rest.
+fn cut_text(message: &mut Value, id: &str, units: usize) {
     let Some(text) = message["text"].as_str() else {
         return;
     };
-    let mut kept = 0usize;
-    let Some((end, _)) = text.char_indices().find(|(_, c)| {
-        kept += c.len_utf16();
-        kept > MAX_MESSAGE_UNITS
-    }) else {
+    let Some(end) = cut_at(text, units) else {
         return;
     };
     let rest = text[end..].chars().count();
@@ -440,7 +471,38 @@ fn cut_text(message: &mut Value, id: &str) {
     message["truncated"] = json!(true);
 }
 
-fn show(bridge: &Bridge, id: &str) -> anyhow::Result<Value> {
+/// A page of a message's text: from character `from`, at most [`MAX_SHOW_UNITS`]; where the
+/// next page starts, if one does.
+fn page_text(message: &mut Value, id: &str, from: usize) {
+    let Some(text) = message["text"].as_str() else {
+        return;
+    };
+    let start = text
+        .char_indices()
+        .nth(from)
+        .map_or(text.len(), |(at, _)| at);
+    let rest = &text[start..];
+    let Some(end) = cut_at(rest, MAX_SHOW_UNITS) else {
+        let page = rest.to_owned();
+        message["text"] = json!(page);
+        if from > 0 {
+            message["from"] = json!(from);
+        }
+        return;
+    };
+    let next = from + rest[..end].chars().count();
+    let left = rest[end..].chars().count();
+    let page = format!(
+        "{} … ({left} more characters: call show with id {id} and from {next})",
+        &rest[..end]
+    );
+    message["text"] = json!(page);
+    message["from"] = json!(from);
+    message["next"] = json!(next);
+    message["truncated"] = json!(true);
+}
+
+fn show(bridge: &Bridge, id: &str, from: usize) -> anyhow::Result<Value> {
     let view = view(bridge)?;
     let Some(found) = view.message(id)? else {
         return Err(crate::exit::refused(format!(
@@ -453,12 +515,17 @@ fn show(bridge: &Bridge, id: &str) -> anyhow::Result<Value> {
         doorbell_store::journal::Word::Duplicate => "duplicate",
         _ => "refused",
     };
+    let message = envelope.as_ref().map(|envelope| {
+        let mut message = message_json(envelope);
+        page_text(&mut message, id, from);
+        message
+    });
     let mut value = json!({
         "note": DATA_NOTE,
         "id": id,
         "verdict": verdict,
         "read": found.read,
-        "message": envelope.as_ref().map(message_json),
+        "message": message,
     });
     if let Some(reason) = &found.reason {
         value["reason"] = json!(reason);
@@ -468,12 +535,19 @@ fn show(bridge: &Bridge, id: &str) -> anyhow::Result<Value> {
         value["requestState"] = json!(request.state.as_str());
     }
     if let Some(context) = &found.context_id {
-        let thread: Vec<Value> = view
-            .thread(context)?
+        let thread = view.thread(context)?;
+        let earlier = thread.len().saturating_sub(MAX_THREAD);
+        let thread: Vec<Value> = thread[earlier..]
             .iter()
-            .filter_map(|m| m.envelope().map(|e| message_json(&e)))
+            .filter_map(|m| {
+                let envelope = m.envelope()?;
+                let mut message = message_json(&envelope);
+                cut_text(&mut message, &envelope.id, THREAD_TEXT_UNITS);
+                Some(message)
+            })
             .collect();
         value["thread"] = json!(thread);
+        value["threadEarlier"] = json!(earlier);
     }
     Ok(value)
 }
