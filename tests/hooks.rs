@@ -600,18 +600,7 @@ fn a_request_cut_to_fit_still_says_what_is_owed_and_how_to_pay_it() {
         let bridge = Bridge::with_agents(&["web", "design"]);
         bridge.config("hook_max_chars = 1500\n");
         // Each ESC is shown as a six-character escape: the text is cut to fit.
-        let sent = bridge.doorbell(&[
-            "send",
-            "--from",
-            "design",
-            "--to",
-            "web",
-            "--kind",
-            "request",
-            "--",
-            &"\u{1b}".repeat(3000),
-        ]);
-        let id = sent.ok().trim().to_owned();
+        let id = asks(&bridge, &"\u{1b}".repeat(3000));
         let answer = at(&bridge, harness, "prompt", "web").expect("shown, cut");
         let text = context(harness, event(harness, "prompt"), &answer);
         assert!(text.chars().count() <= 1500, "{text}");

@@ -136,18 +136,7 @@ fn show_and_debts_answer_in_pages_and_counts_not_megabytes() {
             .ok();
     }
     for n in 0..60 {
-        bridge
-            .doorbell(&[
-                "send",
-                "--from",
-                "design",
-                "--to",
-                "web",
-                "--kind",
-                "request",
-                &format!("ask {n}"),
-            ])
-            .ok();
+        bridge.request("design", "web", &format!("ask {n}"));
     }
     bridge.doorbell(&["daemon", "--once"]).ok();
     let mut raw = Raw::start(&bridge, "web");

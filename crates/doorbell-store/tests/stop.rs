@@ -14,8 +14,8 @@ fn note(id: &str) -> String {
     )
 }
 
-/// A bridge whose judge has accepted one line in `web`'s inbox (whose path comes back).
-fn judged_once() -> (tempfile::TempDir, Judge, PathBuf) {
+/// A bridge of web, design and human, its judge, and web's inbox's path.
+fn judged_empty() -> (tempfile::TempDir, Bridge, Judge, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let bridge = Bridge::create(dir.path(), Config::default()).unwrap();
     for agent in ["web", "design", "human"] {
@@ -23,7 +23,13 @@ fn judged_once() -> (tempfile::TempDir, Judge, PathBuf) {
     }
     let path = bridge.inbox_path("web").unwrap();
     let lock = BridgeLock::acquire(&bridge, "test").unwrap();
-    let mut judge = Judge::open(bridge, lock).unwrap();
+    let judge = Judge::open(bridge.clone(), lock).unwrap();
+    (dir, bridge, judge, path)
+}
+
+/// A bridge whose judge has accepted one line in `web`'s inbox (whose path comes back).
+fn judged_once() -> (tempfile::TempDir, Judge, PathBuf) {
+    let (dir, _, mut judge, path) = judged_empty();
     append_line(&path, note("01OLDFIRST").as_bytes()).unwrap();
     assert_eq!(judge.catch_up(Utc::now()).unwrap().accepted, 1);
     (dir, judge, path)
@@ -105,14 +111,7 @@ fn an_interrupted_drain_is_finished_by_the_stopping_judge() {
 fn a_new_file_after_a_sweep_stopped_behind_a_held_first_line_is_judged_whole() {
     use doorbell_store::journal::{journal_path, JournalWriter, Record, Word};
 
-    let dir = tempfile::tempdir().unwrap();
-    let bridge = Bridge::create(dir.path(), Config::default()).unwrap();
-    for agent in ["web", "design", "human"] {
-        bridge.add_agent(agent).unwrap();
-    }
-    let path = bridge.inbox_path("web").unwrap();
-    let lock = BridgeLock::acquire(&bridge, "test").unwrap();
-    let mut judge = Judge::open(bridge.clone(), lock).unwrap();
+    let (dir, bridge, mut judge, path) = judged_empty();
     judge.catch_up(Utc::now()).unwrap();
     drop(judge);
 
