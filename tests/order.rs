@@ -413,6 +413,55 @@ fn a_response_the_scan_cannot_read_never_passes_its_own_inboxs_earlier_lines() {
 }
 
 #[test]
+fn a_crossing_response_written_unusually_takes_its_turn() {
+    // bob asks ann; ann answers working, then asks for input (in bob's inbox); bob's input
+    // is the only response in ann's inbox, so only the scan can give it its turn; then ann
+    // completes. bob's input is valid JSON written three unusual ways.
+    let input = [
+        // `kind` escaped.
+        r#"{"id":"q4","from":"bob","to":"ann","kind":"respons\u0065","correlatesTo":"r1","state":"working","createdAt":"2026-12-01T10:00:00.004Z","message":{"role":"agent","parts":[{"type":"text","text":"this one"}]}}"#,
+        // `message` first, with a `kind` of its own in a data part.
+        r#"{"message":{"role":"agent","parts":[{"type":"data","data":{"kind":"invoice"}}]},"id":"q4","from":"bob","to":"ann","kind":"response","correlatesTo":"r1","state":"working","createdAt":"2026-12-01T10:00:00.004Z"}"#,
+        // `message` first, with an earlier `createdAt` of its own in a data part.
+        r#"{"message":{"role":"agent","parts":[{"type":"data","data":{"createdAt":"2026-12-01T09:00:00Z"}}]},"id":"q4","from":"bob","to":"ann","kind":"response","correlatesTo":"r1","state":"working","createdAt":"2026-12-01T10:00:00.004Z"}"#,
+    ];
+    for input in input {
+        let lines = vec![
+            envelope("r1", 1, 0, "request", r#","state":"submitted""#, 1, "ETA?"),
+            envelope(
+                "s2",
+                0,
+                1,
+                "response",
+                r#","correlatesTo":"r1","state":"working""#,
+                2,
+                "on it",
+            ),
+            envelope(
+                "s3",
+                0,
+                1,
+                "response",
+                r#","correlatesTo":"r1","state":"input-required""#,
+                3,
+                "which?",
+            ),
+            ("ann".to_owned(), input.to_owned()),
+            envelope(
+                "s5",
+                0,
+                1,
+                "response",
+                r#","correlatesTo":"r1","state":"completed""#,
+                5,
+                "done",
+            ),
+        ];
+        agree(&lines);
+    }
+}
+
+#[test]
 fn a_blank_run_read_again_in_a_later_pass_has_one_verdict() {
     let bridge = Bridge::in_memory();
     for station in STATIONS {

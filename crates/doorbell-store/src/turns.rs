@@ -15,6 +15,7 @@
 //! whatever happened: nothing waits forever. Only the order of judging changes; every line
 //! still gets its verdict from the rules.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
 
@@ -53,29 +54,33 @@ pub(crate) struct Turns {
     at: HashMap<Place, (String, usize)>,
 }
 
-/// The value of a string field (`"key": "value"`) of a JSON line, found without parsing it.
-fn field<'a>(line: &'a [u8], key: &str) -> Option<&'a [u8]> {
-    let quoted = format!("\"{key}\"");
-    let at = memmem::find(line, quoted.as_bytes())? + quoted.len();
-    let rest = &line[at..];
-    let rest = rest
-        .trim_ascii_start()
-        .strip_prefix(b":")?
-        .trim_ascii_start();
-    let rest = rest.strip_prefix(b"\"")?;
-    let end = memchr::memchr(b'"', rest)?;
-    Some(&rest[..end])
+/// The top-level fields of a line the turns need, as the judge reads them: a nested
+/// `"kind"` (a data part's) is not the line's, and an escaped one (`"respons\u0065"`) is.
+#[derive(serde::Deserialize)]
+struct Head<'a> {
+    #[serde(borrow)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, rename = "correlatesTo")]
+    correlates_to: Option<Cow<'a, str>>,
+    #[serde(borrow, rename = "createdAt")]
+    created_at: Option<Cow<'a, str>>,
 }
 
-/// What the turns need of a response line: its request and its sender's time.
-fn response_of(line: &[u8]) -> Option<(&[u8], Option<i64>)> {
-    if field(line, "kind")? != b"response" {
+/// What the turns need of a response line: its request and its sender's time. A line that
+/// names no `response` in its bytes, even escaped, is none, unparsed: notes and requests,
+/// most lines of a backlog, cost one search.
+fn response_of(line: &[u8]) -> Option<(String, Option<i64>)> {
+    if memmem::find(line, b"response").is_none() && memmem::find(line, b"\\u").is_none() {
         return None;
     }
-    let request = field(line, "correlatesTo")?;
-    let at = field(line, "createdAt")
-        .and_then(|t| std::str::from_utf8(t).ok())
-        .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+    let head: Head<'_> = serde_json::from_slice(line).ok()?;
+    if head.kind.as_deref() != Some("response") {
+        return None;
+    }
+    let request = head.correlates_to?.into_owned();
+    let at = head
+        .created_at
+        .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
         .map(|t| t.timestamp_millis());
     Some((request, at))
 }
@@ -85,7 +90,7 @@ impl Turns {
     /// more than one of them their turns. A file that cannot be read gives no turns.
     pub fn scan(inboxes: &[Pending<'_>], max_line_bytes: usize) -> Turns {
         // Per request: each response's inbox (its index), place and time, in reading order.
-        let mut found: HashMap<Vec<u8>, Vec<Seen>> = HashMap::new();
+        let mut found: HashMap<String, Vec<Seen>> = HashMap::new();
         let mut reader = LineReader::new(max_line_bytes);
         for (index, pending) in inboxes.iter().enumerate() {
             let _ = reader.read(&pending.file, pending.from, |line| -> std::io::Result<()> {
@@ -93,10 +98,7 @@ impl Turns {
                     if let Some((request, at)) = response_of(bytes) {
                         if !(pending.judged)(offset) {
                             let place = (pending.name.to_owned(), pending.gen, offset);
-                            found
-                                .entry(request.to_vec())
-                                .or_default()
-                                .push((index, place, at));
+                            found.entry(request).or_default().push((index, place, at));
                         }
                     }
                 }
@@ -120,9 +122,6 @@ impl Turns {
                 })
                 .collect();
             keyed.sort_by_key(|(at, _)| *at);
-            let Ok(request) = String::from_utf8(request) else {
-                continue;
-            };
             let lines: Vec<Place> = keyed.into_iter().map(|(_, place)| place).collect();
             for (position, place) in lines.iter().enumerate() {
                 turns.at.insert(place.clone(), (request.clone(), position));
@@ -185,12 +184,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_response_is_found_without_parsing_it() {
+    fn a_response_is_known_by_its_own_top_level_fields() {
         let line = br#"{"id":"s2","kind" : "response","correlatesTo":"r1","state":"working","createdAt":"2026-12-01T10:00:00.007Z"}"#;
         let (request, at) = response_of(line).unwrap();
-        assert_eq!(request, b"r1");
+        assert_eq!(request, "r1");
         assert_eq!(at, Some(1_796_119_200_007));
         assert!(response_of(br#"{"kind":"note","correlatesTo":"r1"}"#).is_none());
         assert!(response_of(br#"{"kind":"response"}"#).is_none());
+        // Escaped, it is the same field; nested, it is another's.
+        let escaped = br#"{"kind":"respons\u0065","correlatesTo":"r\u0031"}"#;
+        assert_eq!(response_of(escaped).unwrap().0, "r1");
+        let nested = br#"{"message":{"parts":[{"type":"data","data":{"kind":"response","createdAt":"2026-12-01T09:00:00Z"}}]},"kind":"note","correlatesTo":"r1"}"#;
+        assert!(response_of(nested).is_none());
+        let nested_time = br#"{"message":{"parts":[{"type":"data","data":{"createdAt":"2026-12-01T09:00:00Z"}}]},"kind":"response","correlatesTo":"r1","createdAt":"2026-12-01T10:00:00Z"}"#;
+        assert_eq!(response_of(nested_time).unwrap().1, Some(1_796_119_200_000));
     }
 }
