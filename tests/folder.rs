@@ -1199,14 +1199,6 @@ fn an_empty_inbox_restored_before_its_first_line_keeps_its_generation_through_a_
     assert_eq!(notices_naming(&bridge, "design", "01BADTO"), 1, "told once");
 }
 
-/// Whether process `pid` has a file open whose path ends with `name`.
-fn has_open(pid: u32, name: &str) -> bool {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
-        fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
-            .any(|target| target.to_string_lossy().ends_with(name))
-    })
-}
-
 /// A `watch` waiting for its reader's turn while its empty inbox is replaced: the judge goes
 /// on with the new file as the same generation, and the watch reads that file, not the one
 /// it had open.
@@ -1221,7 +1213,8 @@ fn a_watch_waiting_for_its_turn_reads_the_new_file_of_an_inbox_replaced_before_i
     held.lock().unwrap();
     let watch = crate::util::Watch::start(&bridge, "web");
     bridge.wait_for(PATIENCE, "the watch to open web's inbox and lock", |_| {
-        has_open(watch.id(), "web-inbox.jsonl") && has_open(watch.id(), "reads/web.lock")
+        crate::util::has_open(watch.id(), "web-inbox.jsonl")
+            && crate::util::has_open(watch.id(), "reads/web.lock")
     });
     // The empty inbox is replaced, and the new file's first line judged.
     std::fs::remove_file(bridge.inbox("web")).unwrap();

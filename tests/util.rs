@@ -818,3 +818,11 @@ pub fn addressee_moves(state: &str) -> &'static [&'static str] {
         _ => &[],
     }
 }
+
+/// Whether process `pid` has a file open whose path ends with `name`.
+pub fn has_open(pid: u32, name: &str) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+            .any(|target| target.to_string_lossy().ends_with(name))
+    })
+}

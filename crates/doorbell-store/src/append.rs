@@ -77,14 +77,18 @@ pub fn append_line(path: &Path, line: &[u8]) -> Result<u64> {
 /// Append `line` to the inbox at `path`, waiting at most `wait` for its lock: a process
 /// that holds it and hangs gets [`Error::InboxLocked`], never a writer stuck for good.
 pub fn append_line_within(path: &Path, line: &[u8], wait: Duration) -> Result<u64> {
-    append_line_checked(path, line, wait, |_, _| Ok(()))
+    append_line_checked(path, line, None, wait, |_, _| Ok(()))
 }
 
 /// [`append_line_within`], with `check` asked first, the lock held: given the inbox and its
 /// length, it may refuse the line in view of what the inbox holds that no judge read yet.
+/// `created_at`: where in `line` its `createdAt` value is (`2026-12-01T10:00:00.000Z`),
+/// written again with the time the lock was taken: a sender that waited for the lock
+/// stamps its line as written after the lines written meanwhile, the order a judge reads.
 pub fn append_line_checked(
     path: &Path,
     line: &[u8],
+    created_at: Option<std::ops::Range<usize>>,
     wait: Duration,
     check: impl FnOnce(&File, u64) -> Result<()>,
 ) -> Result<u64> {
@@ -109,8 +113,17 @@ pub fn append_line_checked(
         }
     }
     let offset = len + buf.len() as u64;
+    let start = buf.len();
     buf.extend_from_slice(line);
     buf.push(b'\n');
+    if let Some(at) = created_at {
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let at = start + at.start..start + at.end;
+        // The same length (any year of four digits): the line's checks still hold.
+        if at.len() == now.len() && at.end <= buf.len() {
+            buf[at].copy_from_slice(now.as_bytes());
+        }
+    }
     let mut file = crate::fault::Guarded {
         file,
         path: path.to_path_buf(),

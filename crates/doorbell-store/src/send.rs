@@ -14,7 +14,6 @@ use doorbell_core::{
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::append::append_line;
 use crate::{Bridge, Error, Result, View};
 
 /// A message to send, as a person or an agent gives it.
@@ -370,8 +369,22 @@ fn append_one(
     line: &str,
 ) -> Result<u64> {
     let path = bridge.inbox_path(to)?;
+    // The top-level field: every field before it is an id, a name or a state, with no
+    // quote of its own.
+    let created_at = memchr::memmem::find(line.as_bytes(), br#""createdAt":""#)
+        .map(|at| at + br#""createdAt":""#.len())
+        .and_then(|at| {
+            let len = memchr::memchr(b'"', &line.as_bytes()[at..])?;
+            Some(at..at + len)
+        });
     let Some(view) = view else {
-        return append_line(&path, line.as_bytes());
+        return crate::append::append_line_checked(
+            &path,
+            line.as_bytes(),
+            created_at,
+            crate::append::SENDER_WAIT,
+            |_, _| Ok(()),
+        );
     };
     let judged = view
         .inboxes()
@@ -401,6 +414,7 @@ fn append_one(
     crate::append::append_line_checked(
         &path,
         line.as_bytes(),
+        created_at,
         crate::append::SENDER_WAIT,
         |file, len| unjudged_conflict(file, len, judged, to, &new),
     )
