@@ -6,6 +6,8 @@ use serde_json::Value;
 
 use crate::util::{python, run, Bridge};
 
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
+
 fn client(bridge: &Bridge, mode: &str) -> Value {
     let mut command = std::process::Command::new(python());
     bridge.env(&mut command);
@@ -235,6 +237,41 @@ impl Raw {
             }
         }
     }
+}
+
+/// A `wait` the client cancels lets go of what it holds (its thread, its watch of the
+/// folder) at once, not at its deadline ten minutes on; the server goes on answering.
+#[test]
+fn a_cancelled_wait_lets_go_at_once() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let id = bridge.request("design", "web", "ETA?");
+    let mut raw = Raw::start(&bridge, "design");
+    let pid = raw.server.id();
+    let watches = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+            .filter(|target| target.to_string_lossy() == "anon_inode:inotify")
+            .count()
+    };
+    let before = watches();
+    raw.call(
+        2,
+        "wait",
+        &serde_json::json!({"ids": [id], "timeout_secs": 600}),
+    );
+    bridge.wait_for(PATIENCE, "the wait to watch the folder", |_| {
+        watches() > before
+    });
+    raw.say(
+        &serde_json::json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 2, "reason": "the user pressed Esc"}}),
+    );
+    bridge.wait_for(PATIENCE, "the cancelled wait to let go", |_| {
+        watches() == before
+    });
+    raw.call(3, "status", &serde_json::json!({}));
+    assert!(raw.answer(3)["result"].is_object());
 }
 
 /// A `read` the client cancels (its user pressed Esc while another reader held the inbox)

@@ -307,12 +307,22 @@ impl Doorbell {
     async fn wait(
         &self,
         Parameters(args): Parameters<WaitArgs>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
+        // A wait the client cancelled lets go of its thread and its watch at once.
+        let cancelled = context.ct.clone();
         self.call(move |_, bridge| {
             let secs = args.timeout_secs.unwrap_or(60).min(MAX_WAIT_SECS);
             let deadline = Instant::now() + Duration::from_secs(secs);
+            let cancelled = || cancelled.is_cancelled();
             Ok(
-                match crate::wait::wait_for(bridge, &args.ids, args.any, deadline)? {
+                match crate::wait::wait_for(
+                    bridge,
+                    &args.ids,
+                    args.any,
+                    deadline,
+                    Some(&cancelled),
+                )? {
                     crate::wait::Waited::TimedOut(waiting) => {
                         json!({ "timedOut": true, "answered": [], "waiting": waiting })
                     }

@@ -19,6 +19,9 @@ pub const TIMED_OUT: i32 = 124;
 /// The request ended failed, rejected or canceled.
 pub const ENDED_BADLY: i32 = 4;
 
+/// How often a wait that can be cancelled asks whether it was.
+const CANCEL_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The last response seen: its id, to print it.
 struct Answer {
     id: String,
@@ -99,7 +102,7 @@ fn waiting_for_judge(bridge: &doorbell_store::Bridge, ids: &[&str]) -> anyhow::R
 pub fn run(session: &Session, args: &WaitArgs) -> anyhow::Result<i32> {
     let timeout = parse_duration(&args.timeout).map_err(|e| refused(format!("--timeout: {e}")))?;
     let bridge = session.bridge()?;
-    match wait_for(&bridge, &args.ids, args.any, Instant::now() + timeout)? {
+    match wait_for(&bridge, &args.ids, args.any, Instant::now() + timeout, None)? {
         Waited::TimedOut(waiting) => {
             eprintln!("doorbell: timed out waiting for {}", waiting.join(", "));
             Ok(TIMED_OUT)
@@ -118,11 +121,14 @@ pub fn run(session: &Session, args: &WaitArgs) -> anyhow::Result<i32> {
 
 /// Wait until each of `ids` (a broadcast's id stands for its requests) is answered: closed or
 /// waiting for input, or with `any` at the first response of any of them.
+/// `cancelled`, when given, is asked about once a second: a caller that gave up (an MCP
+/// client's cancel) frees what the wait holds at once, not at its deadline.
 pub fn wait_for(
     bridge: &doorbell_store::Bridge,
     ids: &[String],
     any: bool,
     deadline: Instant,
+    cancelled: Option<&dyn Fn() -> bool>,
 ) -> anyhow::Result<Waited> {
     if ids.is_empty() {
         return Err(crate::exit::refused(
@@ -167,6 +173,9 @@ pub fn wait_for(
         if let Some(answered) = settled(&awaited) {
             return Ok(Waited::Answered(answered));
         }
+        if cancelled.is_some_and(|cancelled| cancelled()) {
+            anyhow::bail!("cancelled");
+        }
         let unknown: Vec<&str> = awaited
             .iter()
             .filter(|(_, a)| a.known.is_none())
@@ -182,11 +191,14 @@ pub fn wait_for(
             // Written and not judged yet (a busy or stopped daemon): look again later.
             grace = Instant::now() + GRACE;
         }
-        let wake_by = if unknown.is_empty() {
+        let mut wake_by = if unknown.is_empty() {
             deadline
         } else {
             grace.min(deadline)
         };
+        if cancelled.is_some() {
+            wake_by = wake_by.min(Instant::now() + CANCEL_POLL);
+        }
         if !events.wait(Some(wake_by)) && Instant::now() >= deadline {
             return Ok(Waited::TimedOut(
                 awaited
