@@ -1012,6 +1012,11 @@ impl Case {
         let (from, to) = self.model.pair(from, to);
         if self.daemon.is_some() {
             // Nothing may be due for the inbox while its lock is held: the judge would wait.
+            // A torn line waiting for its end (its sender perhaps this inbox's owner) is
+            // ended first, as its inbox's next writer would: the barrier below could be it.
+            for agent in &self.model.agents {
+                append(&self.inbox(agent), b"");
+            }
             self.settle();
         }
         let id = self.model.fresh_id();
@@ -1949,4 +1954,32 @@ fn claimed_from(bytes: &[u8]) -> Option<String> {
     let text = String::from_utf8_lossy(bytes);
     let rest = &text[text.find(r#""from":""#)? + 8..];
     Some(rest[..rest.find('"')?].to_owned())
+}
+
+/// The shrunk case of a seed CI met: a torn line from data in web's inbox, then a partial
+/// write to data's inbox whose barrier (a line in web's) ended the torn one, making a
+/// notice for data due while the test held data's lock.
+#[test]
+fn model_a_partial_write_never_holds_the_lock_of_a_torn_lines_sender() {
+    run_case(
+        6,
+        &[
+            Op::Torn { from: 3, to: 0 },
+            Op::Partial {
+                from: 0,
+                to: 3,
+                pause: Pause::Look,
+            },
+            Op::Truncate {
+                inbox: 1,
+                refill: 0,
+            },
+            Op::Invalid {
+                from: 2,
+                to: 1,
+                how: Bad::NotJson,
+            },
+            Op::Torn { from: 5, to: 2 },
+        ],
+    );
 }
