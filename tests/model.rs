@@ -1883,11 +1883,13 @@ fn run_case(agents: usize, ops: &[Op]) -> Figures {
 }
 
 /// Run `cases` sequences of up to `max_ops` operations and print the figures.
-fn torture(name: &str, cases: u32, max_ops: usize) {
+/// Without `PROPTEST_RNG_SEED`, the seed is `seed`, or a new one each run.
+fn torture(name: &str, cases: u32, max_ops: usize, seed: Option<u64>) {
     let started = Instant::now();
     let seed = std::env::var("PROPTEST_RNG_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
+        .or(seed)
         .unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -1936,7 +1938,9 @@ fn torture(name: &str, cases: u32, max_ops: usize) {
 
 #[test]
 fn model_every_line_judged_as_the_model_says() {
-    torture("model (short)", 16, 40);
+    // One seed, so that a run of every test says the same of the same code: its cases have
+    // hard links, held locks, damaged states and restores. The long form explores.
+    torture("model (short)", 16, 40, Some(1_796_130_202_111_662_117));
 }
 
 #[cfg(feature = "long")]
@@ -1946,7 +1950,7 @@ fn model_long_run() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(400);
-    torture("model (long)", cases, 120);
+    torture("model (long)", cases, 120, None);
 }
 
 /// The sender a line that is not JSON names (a fragment's `"from":"…"`), as the judge reads it.
