@@ -164,11 +164,10 @@ impl Judge {
         // Whatever goes wrong (a stop, a failed write), the file stays open: if it is replaced
         // before the next sweep, its unread lines can still be drained.
         let known_gen = self.snapshot.inboxes.get(name).map(|known| known.gen);
-        let holding = known_gen.is_some_and(|gen| held.any_from(name, gen));
         let size = meta.len();
         let mut stopped = false;
         let read = self
-            .check_generation(name, &file, &meta, holding, now, stats)
+            .check_generation(name, &file, &meta, held, now, stats)
             .and_then(|gen| {
                 let Some(budget) = budget else {
                     let end = self.read_lines(
@@ -451,14 +450,14 @@ impl Judge {
     }
 
     /// Make sure the journal's view of the inbox belongs to this very file; start a new
-    /// generation when it was truncated, replaced or recreated. `holding`: this sweep holds
-    /// a line read from the generation the journal knows.
+    /// generation when it was truncated, replaced or recreated. `held`: the lines this sweep
+    /// holds (one read from the generation the journal knows ties the file to it).
     pub(super) fn check_generation(
         &mut self,
         name: &str,
         file: &File,
         meta: &std::fs::Metadata,
-        holding: bool,
+        held: &HeldLines,
         now: DateTime<Utc>,
         stats: &mut CatchUp,
     ) -> Result<u32> {
@@ -476,7 +475,7 @@ impl Judge {
         // only renumber it: the numbers that key the refusals and notices would then differ
         // from a judge's that reads the same files afresh (after losing its journal).
         let untouched = resume == 0 && known.mark.is_none() && known.judged_beyond.is_empty();
-        if moved && untouched && !holding {
+        if moved && untouched && !held.any_from(name, known.gen) {
             let gen = known.gen;
             tracing::info!(
                 inbox = name,
