@@ -799,3 +799,29 @@ fn a_task_can_be_canceled_whatever_its_id() {
         assert_eq!(again["error"]["code"], -32002, "{again}");
     }
 }
+
+#[test]
+fn a_blocking_send_nobody_answers_gets_its_task_when_the_wait_ends() {
+    let bridge = Bridge::with_agents(&["web", "human"]);
+    config(&bridge, "");
+    let (_gateway, addr) = serve(&bridge);
+    let message = json!({"message": {"messageId": ulid(), "role": "ROLE_USER",
+                                     "parts": [{"text": "a slow one"}]}});
+    let body = call("SendMessage", &message);
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    // The gateway waits up to 60 s for the task to settle; nobody answers here.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(100)))
+        .unwrap();
+    let head = format!(
+        "POST /a2a/web HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nA2A-Version: 1.0\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(&body).unwrap();
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 200"), "no answer: {text:?}");
+    assert!(text.contains("\"TASK_STATE_SUBMITTED\""), "{text}");
+}

@@ -19,8 +19,15 @@ use tokio::time::{Instant, Sleep};
 
 /// The most connections open at once.
 pub const MAX_CONNECTIONS: usize = 256;
-/// How long a connection may stay without a byte read or written.
-pub const IDLE: Duration = Duration::from_secs(60);
+/// How long a connection may stay without a byte read or written. A call being answered
+/// moves no byte either: a blocking `SendMessage` waits for the verdict, then for the task,
+/// before it writes a byte, so the connection must outlast both waits.
+pub const IDLE: Duration = Duration::from_secs(120);
+const _: () = assert!(
+    IDLE.as_secs()
+        > crate::server::VERDICT_WITHIN.as_secs() + crate::server::BLOCK_FOR.as_secs() + 30,
+    "a blocking send's connection would be closed as idle before its answer"
+);
 
 /// A listener that accepts a connection only when it has a place for it.
 pub struct Bounded {
