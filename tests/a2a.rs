@@ -355,6 +355,32 @@ fn bad_requests(task: &str) -> Vec<Bad> {
             -32003,
         ),
         (
+            "a note about an unknown task",
+            Some(TOKEN),
+            call(
+                "SendMessage",
+                &send(
+                    "hi",
+                    &json!({"referenceTaskIds": ["no-such-task"], "metadata": {"kind": "note"}}),
+                ),
+            ),
+            200,
+            -32001,
+        ),
+        (
+            "a note about two tasks",
+            Some(TOKEN),
+            call(
+                "SendMessage",
+                &send(
+                    "hi",
+                    &json!({"referenceTaskIds": [task, task], "metadata": {"kind": "note"}}),
+                ),
+            ),
+            200,
+            -32602,
+        ),
+        (
             "an unknown state",
             Some(TOKEN),
             call("ListTasks", &json!({"status": "completed"})),
@@ -824,4 +850,64 @@ fn a_blocking_send_nobody_answers_gets_its_task_when_the_wait_ends() {
     let text = String::from_utf8_lossy(&response);
     assert!(text.starts_with("HTTP/1.1 200"), "no answer: {text:?}");
     assert!(text.contains("\"TASK_STATE_SUBMITTED\""), "{text}");
+}
+
+#[test]
+fn a_note_about_a_task_is_in_its_thread_closed_or_not_and_says_which() {
+    let (bridge, _gateway, addr, task) = served_task("the logo files?");
+    bridge.reply(&task, "web", "completed", &[], "uploaded");
+    bridge.doorbell(&["wait", &task, "--timeout", "10s"]).ok();
+    let note = |id: &str, extra: &Value| {
+        let mut message = json!({"messageId": id, "role": "ROLE_USER",
+                                 "parts": [{"text": "thanks"}], "metadata": {"kind": "note"}});
+        for (k, v) in extra.as_object().unwrap() {
+            message[k] = v.clone();
+        }
+        rpc(
+            &addr,
+            Some(TOKEN),
+            &call("SendMessage", &json!({"message": message})),
+        )
+        .1
+    };
+    // About the closed task: a note in its thread, answered with that thread.
+    let about = note("n-about", &json!({"referenceTaskIds": [task]}));
+    assert_eq!(
+        about["result"]["message"]["contextId"],
+        Value::from(task.clone()),
+        "{about}"
+    );
+    // In a thread of the caller's own: that thread.
+    let own = note("n-own", &json!({"contextId": "ctx-1"}));
+    assert_eq!(own["result"]["message"]["contextId"], "ctx-1", "{own}");
+    // About a task of others, or in another thread than the task's: refused.
+    let others = bridge.request("human", "web", "lunch?");
+    let theirs = note("n-theirs", &json!({"referenceTaskIds": [others]}));
+    assert_eq!(theirs["error"]["code"], -32001, "{theirs}");
+    let elsewhere = note(
+        "n-else",
+        &json!({"referenceTaskIds": [task], "contextId": "ctx-1"}),
+    );
+    assert_eq!(elsewhere["error"]["code"], -32602, "{elsewhere}");
+    let read: Vec<Value> = bridge
+        .doorbell(&["read", "web", "--json"])
+        .ok()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["envelope"].clone())
+        .filter(|m| m["kind"] == "note")
+        .collect();
+    let got: Vec<(&str, &str, &str)> = read
+        .iter()
+        .map(|m| {
+            let s = |k: &str| m[k].as_str().unwrap_or("-");
+            (s("id"), s("correlatesTo"), s("contextId"))
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("n-about", task.as_str(), task.as_str()),
+            ("n-own", "-", "ctx-1")
+        ]
+    );
 }

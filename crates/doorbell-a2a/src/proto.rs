@@ -230,6 +230,9 @@ pub struct Incoming {
     pub kind: Option<String>,
     /// `metadata.state`, for a `response`.
     pub state: Option<String>,
+    /// `referenceTaskIds`' one task: what a note with no `taskId` is about (a closed task, or
+    /// a task of the station's to the caller).
+    pub reference: Option<String>,
 }
 
 fn string_field(object: &Map<String, Value>, key: &str) -> Result<Option<String>, RpcError> {
@@ -307,7 +310,23 @@ pub fn incoming(message: &Value) -> Result<Incoming, RpcError> {
             }
         },
         state: string_field(&metadata, "state")?,
+        reference: reference(object)?,
     })
+}
+
+/// `message.referenceTaskIds`: at most one task id here.
+fn reference(object: &Map<String, Value>) -> Result<Option<String>, RpcError> {
+    let bad =
+        || RpcError::invalid_params("message.referenceTaskIds must be a list of one task id here");
+    match object.get("referenceTaskIds") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(ids)) => match ids.as_slice() {
+            [] => Ok(None),
+            [Value::String(id)] if !id.is_empty() => Ok(Some(id.clone())),
+            _ => Err(bad()),
+        },
+        Some(_) => Err(bad()),
+    }
 }
 
 pub fn incoming_part(i: usize, part: &Value) -> Result<send::Part, RpcError> {

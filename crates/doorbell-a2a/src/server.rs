@@ -395,8 +395,8 @@ async fn dispatch(who: Who, call: Call) -> Result<Response, (Value, RpcError)> {
             let (sent, shape) = send_message(&who, &params).await.map_err(fail)?;
             let sent = match sent {
                 Sent::Task(task) => task,
-                Sent::Note(note) => {
-                    return Ok(answer(json!({ "message": delivered(&who, &note) })))
+                Sent::Note { id, context } => {
+                    return Ok(answer(json!({ "message": delivered(&who, &id, &context) })))
                 }
             };
             if waiting.is_some() {
@@ -410,8 +410,9 @@ async fn dispatch(who: Who, call: Call) -> Result<Response, (Value, RpcError)> {
             let (sent, _) = send_message(&who, &params).await.map_err(fail)?;
             let sent = match sent {
                 Sent::Task(task) => task,
-                Sent::Note(note) => {
-                    let only = event(&id, &note, &json!({ "message": delivered(&who, &note) }));
+                Sent::Note { id: note, context } => {
+                    let delivered = delivered(&who, &note, &context);
+                    let only = event(&id, &note, &json!({ "message": delivered }));
                     let events = tokio_stream::iter([Ok::<_, Infallible>(only)]);
                     return Ok(Sse::new(events).into_response());
                 }
@@ -506,6 +507,21 @@ fn optional<'a, T>(
 fn visible(view: &View, who: &Who, id: &str) -> Result<Request, RpcError> {
     match view.request(id) {
         Some(request) if request.addressee == who.station && request.requester == who.caller => {
+            Ok(request.into_owned())
+        }
+        _ => Err(RpcError::task_not_found(id)),
+    }
+}
+
+/// A request between the caller and the station, whichever of them asked: what a note may
+/// be about. Any other is no task of the caller's.
+fn between_sides(view: &View, who: &Who, id: &str) -> Result<Request, RpcError> {
+    match view.request(id) {
+        Some(request)
+            if (request.addressee == who.station && request.requester == who.caller)
+                || (request.addressee == who.caller
+                    && request.requester_station() == who.station) =>
+        {
             Ok(request.into_owned())
         }
         _ => Err(RpcError::task_not_found(id)),
@@ -611,17 +627,18 @@ fn list(who: &Who, params: &Value) -> Result<Value, RpcError> {
     }))
 }
 
-/// What a `SendMessage` made: a task (a request, or a line to one), or a note to the station.
+/// What a `SendMessage` made: a task (a request, or a line to one), or a note to the station
+/// (its id and its thread).
 enum Sent {
     Task(String),
-    Note(String),
+    Note { id: String, context: String },
 }
 
 /// The gateway's answer to a note: where it went.
-fn delivered(who: &Who, note: &str) -> Value {
+fn delivered(who: &Who, note: &str, context: &str) -> Value {
     json!({
         "messageId": format!("{note}.delivered"),
-        "contextId": note,
+        "contextId": context,
         "role": "ROLE_AGENT",
         "parts": [{ "text": format!("delivered to {}'s inbox as note {note}", who.station) }],
     })
@@ -653,22 +670,25 @@ async fn send_message(who: &Who, params: &Value) -> Result<(Sent, Shape), RpcErr
     let sender = who.clone();
     let mut changes = who.gateway.changes.clone();
     changes.borrow_and_update();
-    let (task, placed) = blocking(move || send_incoming(&sender, incoming)).await?;
+    let (task, placed, context) = blocking(move || send_incoming(&sender, incoming)).await?;
     judged(who, &placed, changes).await?;
     let sent = match task {
         Some(task) => Sent::Task(task),
-        None => Sent::Note(placed.id),
+        None => Sent::Note {
+            id: placed.id,
+            context,
+        },
     };
     Ok((sent, shape))
 }
 
 /// Send `incoming` to the station as the caller: a new request, or naming an existing task,
 /// the requester's `working` when the task waits for input, else a note to it. Returns the
-/// task's id (none for a note to the station) and where the line went.
+/// task's id (none for a note to the station), where the line went, and its thread.
 fn send_incoming(
     who: &Who,
     incoming: proto::Incoming,
-) -> Result<(Option<String>, send::Placed), RpcError> {
+) -> Result<(Option<String>, send::Placed, String), RpcError> {
     let id = incoming.message_id;
     if !doorbell_core::is_id(&id) || doorbell_core::is_reserved_id(&id) {
         return Err(RpcError::invalid_params(format!(
@@ -686,17 +706,11 @@ fn send_incoming(
         ..send::Message::default()
     };
     let (task, message) = match (incoming.task_id, incoming.kind.as_deref()) {
-        (None, Some("note")) => (
-            None,
-            send::Message {
-                to: vec![who.station.clone()],
-                kind: Some("note".into()),
-                context_id: incoming.context_id,
-                priority: None,
-                reply_by: None,
-                ..base
-            },
-        ),
+        (None, Some("note")) => {
+            let reference = incoming.reference.as_deref();
+            let note = note_to(&view, who, reference, incoming.context_id, base)?;
+            (None, note)
+        }
         (None, Some(_)) => {
             return Err(RpcError::invalid_params(
                 "a response names its task (message.taskId)",
@@ -759,12 +773,44 @@ fn send_incoming(
             (Some(task), message)
         }
     };
+    let context = message.context_id.clone().unwrap_or(id);
     let placed = view
         .send_placed(&message)?
         .into_iter()
         .next()
         .ok_or_else(|| RpcError::internal("nothing was sent"))?;
-    Ok((task, placed))
+    Ok((task, placed, context))
+}
+
+/// A note to the station: about a task between the two sides when it names one (whichever
+/// asked, open or closed), and in that task's thread.
+fn note_to(
+    view: &View,
+    who: &Who,
+    reference: Option<&str>,
+    context: Option<String>,
+    base: send::Message,
+) -> Result<send::Message, RpcError> {
+    let about = reference
+        .map(|task| between_sides(view, who, task))
+        .transpose()?;
+    if let (Some(about), Some(context)) = (&about, &context) {
+        if *context != about.context_id {
+            return Err(RpcError::invalid_params(format!(
+                "task '{}' is in context '{}', not the message's",
+                about.id, about.context_id
+            )));
+        }
+    }
+    Ok(send::Message {
+        to: vec![who.station.clone()],
+        kind: Some("note".into()),
+        correlates_to: about.as_ref().map(|r| r.id.clone()),
+        context_id: about.map(|r| r.context_id).or(context),
+        priority: None,
+        reply_by: None,
+        ..base
+    })
 }
 
 /// An answer's addressing with the message's id and content.
