@@ -219,6 +219,83 @@ fn a_line_the_far_bridge_refuses_is_said_in_status() {
     assert!(!ids(&pair.b, "web").contains_key(&id));
 }
 
+/// A note about a task goes across from either side, while the task is open and after it
+/// closed, once: the station's notes to the requester come by its bridge's forwarder, not
+/// only while the requester's bridge still asks the far task for news.
+#[test]
+fn notes_about_a_task_cross_both_ways_before_and_after_it_closes() {
+    let pair = Pair::new("");
+    let _b = pair.start_b();
+    let _a = pair.start_a();
+    let id = pair.a.request("design", "web", "the logo files?");
+    read_wait(&pair.b, "web");
+    let note = |bridge: &Bridge, from: &str, to: &str, text: &str| {
+        bridge
+            .doorbell(&[
+                "send",
+                "--to",
+                to,
+                "--from",
+                from,
+                "--kind",
+                "note",
+                "--correlates-to",
+                &id,
+                text,
+            ])
+            .ok()
+            .trim()
+            .to_owned()
+    };
+    let said = |got: &[Value]| -> Vec<(String, String, String)> {
+        got.iter()
+            .map(|m| {
+                let s = |v: &Value| v.as_str().unwrap_or("-").to_owned();
+                (
+                    s(&m["kind"]),
+                    s(&m["correlatesTo"]),
+                    s(&m["message"]["parts"][0]["text"]),
+                )
+            })
+            .collect()
+    };
+    let open_note = note(&pair.b, "web", "design", "looking for them");
+    assert_eq!(
+        said(&read_wait(&pair.a, "design")),
+        [("note".into(), id.clone(), "looking for them".into())]
+    );
+    pair.b.reply(&id, "web", "completed", &[], "uploaded");
+    let waited = pair.a.doorbell(&["wait", &id, "--timeout", "30s"]);
+    assert_eq!(waited.code, 0, "{}{}", waited.stdout, waited.stderr);
+    assert_eq!(read_wait(&pair.a, "design").len(), 1);
+    // After it closed: web's P.S. reaches design, design's thanks reaches web.
+    let after = note(&pair.b, "web", "design", "P.S. the SVG is in /shared");
+    assert_eq!(
+        said(&read_wait(&pair.a, "design")),
+        [(
+            "note".into(),
+            id.clone(),
+            "P.S. the SVG is in /shared".into()
+        )]
+    );
+    note(&pair.a, "design", "web", "thanks");
+    assert_eq!(
+        said(&read_wait(&pair.b, "web")),
+        [("note".into(), id.clone(), "thanks".into())]
+    );
+    // Each once, and nothing refused on either side.
+    let arrived = ids(&pair.a, "design");
+    assert_eq!(
+        (arrived[&open_note], arrived[&after]),
+        (1, 1),
+        "{arrived:?}"
+    );
+    for bridge in [&pair.a, &pair.b] {
+        let status = bridge.doorbell(&["status"]).stderr;
+        assert!(!status.contains("refused"), "{status}");
+    }
+}
+
 /// A's `[[remote]]` may name B's station otherwise than B does (`webb` for `web`): its
 /// answers, which B writes as from `web`, are brought back all the same, as from `webb`.
 #[test]

@@ -323,18 +323,27 @@ impl Forwarder {
                 }
                 ("SendMessage", json!({ "message": message }))
             }
-            (_, Some(request)) => {
-                // Only lines to the remote's own tasks: answers to what the remote asked
-                // are served to it by this bridge's gateway.
-                let Some(asked) = view.request(request) else {
-                    return Ok(());
-                };
-                if asked.addressee != self.remote.name {
-                    return Ok(());
-                }
-                if envelope.state == Some(State::Canceled) {
+            (_, Some(request)) => match view.request(request) {
+                // A cancel of the remote's task.
+                Some(asked)
+                    if asked.addressee == self.remote.name
+                        && envelope.state == Some(State::Canceled) =>
+                {
                     ("CancelTask", json!({ "id": request }))
-                } else {
+                }
+                // A note about a task between the two sides, whichever asked, open or closed:
+                // to the station, naming the task (a closed task takes no new message).
+                Some(asked)
+                    if envelope.kind == Kind::Note
+                        && (asked.addressee == self.remote.name
+                            || asked.requester_station() == self.remote.name) =>
+                {
+                    message["referenceTaskIds"] = json!([request]);
+                    metadata["kind"] = json!("note");
+                    ("SendMessage", json!({ "message": message }))
+                }
+                // The requester's answer to the remote's task (its input, a `working`).
+                Some(asked) if asked.addressee == self.remote.name => {
                     message["taskId"] = json!(request);
                     metadata["kind"] = json!(envelope.kind.to_string());
                     if let Some(state) = envelope.state {
@@ -342,7 +351,19 @@ impl Forwarder {
                     }
                     ("SendMessage", json!({ "message": message }))
                 }
-            }
+                // An answer to what the remote asked: its bridge brings it back from this
+                // bridge's gateway (`bring_back` there).
+                Some(asked) if asked.requester_station() == self.remote.name => return Ok(()),
+                // A note about something the remote's bridge does not share: a note, in its
+                // thread.
+                _ => {
+                    if let Some(context) = &envelope.context_id {
+                        message["contextId"] = json!(context);
+                    }
+                    metadata["kind"] = json!("note");
+                    ("SendMessage", json!({ "message": message }))
+                }
+            },
             (_, None) => {
                 metadata["kind"] = json!("note");
                 ("SendMessage", json!({ "message": message }))
@@ -427,6 +448,11 @@ impl Forwarder {
         {
             return Ok(());
         }
+        // Only answers: the far station's notes about the task come by its bridge's
+        // forwarder, as every line to a station here does, after the task closed too.
+        if metadata["kind"] != "response" {
+            return Ok(());
+        }
         let Some(id) = message["messageId"].as_str() else {
             return Ok(());
         };
@@ -444,7 +470,6 @@ impl Forwarder {
                 found.inbox
             )));
         }
-        let kind = metadata["kind"].as_str().unwrap_or("note");
         let parts = message["parts"]
             .as_array()
             .map(|parts| {
@@ -460,14 +485,7 @@ impl Forwarder {
         let line = send::Message {
             to: vec![request.requester_station().to_owned()],
             from: Some(self.remote.name.clone()),
-            kind: Some(
-                if kind == "response" {
-                    "response"
-                } else {
-                    "note"
-                }
-                .to_owned(),
-            ),
+            kind: Some("response".to_owned()),
             state: metadata["state"].as_str().map(str::to_owned),
             correlates_to: Some(request.id.clone()),
             context_id: Some(request.context_id.clone()),
