@@ -911,3 +911,81 @@ fn a_note_about_a_task_is_in_its_thread_closed_or_not_and_says_which() {
         ]
     );
 }
+
+/// A cancel that loses the race with the station's closing answer (both written while the
+/// judge was busy: the answer first) is told what a closed task's cancel is told; so is the
+/// input a task asked for, sent as the station closes it.
+#[test]
+fn a_line_that_loses_the_race_with_the_closing_answer_is_told_the_task_closed() {
+    let (bridge, _gateway, addr, task) = served_task("the logo files?");
+    let judge = Daemon::start(&bridge, &[]);
+    judge.signal("STOP");
+    bridge.reply(&task, "web", "completed", &[], "uploaded");
+    let canceling = {
+        let (addr, task) = (addr.clone(), task.clone());
+        std::thread::spawn(move || {
+            rpc(
+                &addr,
+                Some(TOKEN),
+                &call("CancelTask", &json!({"id": task})),
+            )
+            .1
+        })
+    };
+    crate::util::wait_for_text(
+        &bridge.inbox("web"),
+        &format!("{task}.cancel"),
+        Duration::from_secs(20),
+    );
+    judge.signal("CONT");
+    let answer = canceling.join().unwrap();
+    assert_eq!(answer["error"]["code"], -32002, "{answer}");
+    let (_, got) = rpc(&addr, Some(TOKEN), &call("GetTask", &json!({"id": task})));
+    assert_eq!(
+        got["result"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{got}"
+    );
+    // The input a task asked for, sent as the station closes it.
+    let (_, sent) = rpc(
+        &addr,
+        Some(TOKEN),
+        &call("SendMessage", &send("and this?", &json!({}))),
+    );
+    let asking = sent["result"]["task"]["id"].as_str().unwrap().to_owned();
+    bridge.reply(&asking, "web", "input-required", &[], "which one?");
+    bridge.doorbell(&["wait", &asking, "--timeout", "10s"]).ok();
+    judge.signal("STOP");
+    bridge.reply(&asking, "web", "completed", &[], "never mind");
+    let input = ulid();
+    let answering = {
+        let body = call(
+            "SendMessage",
+            &send(
+                "the blue one",
+                &json!({"taskId": asking, "messageId": input}),
+            ),
+        );
+        let addr = addr.clone();
+        std::thread::spawn(move || rpc(&addr, Some(TOKEN), &body).1)
+    };
+    crate::util::wait_for_text(&bridge.inbox("web"), &input, Duration::from_secs(20));
+    judge.signal("CONT");
+    let answer = answering.join().unwrap();
+    assert_eq!(answer["error"]["code"], -32004, "{answer}");
+}
+
+#[test]
+fn a_state_no_request_is_ever_in_lists_no_task() {
+    let (_bridge, _gateway, addr, _task) = served_task("ETA?");
+    // TASK_STATE_AUTH_REQUIRED: a filter that matches nothing, not an error.
+    for status in [json!("TASK_STATE_AUTH_REQUIRED"), json!(8)] {
+        let (_, none) = rpc(
+            &addr,
+            Some(TOKEN),
+            &call("ListTasks", &json!({"status": status})),
+        );
+        assert_eq!(none["result"]["totalSize"], 0, "{none}");
+    }
+    let (_, all) = rpc(&addr, Some(TOKEN), &call("ListTasks", &json!({})));
+    assert_eq!(all["result"]["totalSize"], 1, "{all}");
+}

@@ -27,31 +27,58 @@ pub fn state_name(state: State) -> &'static str {
     }
 }
 
-/// The state a `ProtoJSON` name (or its number) stands for; `TASK_STATE_UNSPECIFIED` is none.
-pub fn parse_state(value: &Value) -> Result<Option<State>, RpcError> {
+/// A `ListTasks` status filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateFilter {
+    /// Unspecified: every task.
+    Any,
+    Is(State),
+    /// A state of A2A no request of a bridge is ever in (`TASK_STATE_AUTH_REQUIRED`).
+    Never,
+}
+
+impl StateFilter {
+    #[must_use]
+    pub fn admits(self, state: State) -> bool {
+        match self {
+            StateFilter::Any => true,
+            StateFilter::Is(s) => s == state,
+            StateFilter::Never => false,
+        }
+    }
+}
+
+/// A2A 1.0's name and number of the state a bridge's requests are never in.
+const AUTH_REQUIRED: (&str, i64) = ("TASK_STATE_AUTH_REQUIRED", 8);
+
+/// A `TaskState`, by its name or its number.
+pub fn parse_state(value: &Value) -> Result<StateFilter, RpcError> {
     if let Some(n) = value.as_i64() {
         return Ok(match n {
-            0 => None,
-            1 => Some(State::Submitted),
-            2 => Some(State::Working),
-            3 => Some(State::Completed),
-            4 => Some(State::Failed),
-            5 => Some(State::Canceled),
-            6 => Some(State::InputRequired),
-            7 => Some(State::Rejected),
+            0 => StateFilter::Any,
+            1 => StateFilter::Is(State::Submitted),
+            2 => StateFilter::Is(State::Working),
+            3 => StateFilter::Is(State::Completed),
+            4 => StateFilter::Is(State::Failed),
+            5 => StateFilter::Is(State::Canceled),
+            6 => StateFilter::Is(State::InputRequired),
+            7 => StateFilter::Is(State::Rejected),
+            n if n == AUTH_REQUIRED.1 => StateFilter::Never,
             _ => return Err(RpcError::invalid_params(format!("no task state {n}"))),
         });
     }
     let name = value
         .as_str()
         .ok_or_else(|| RpcError::invalid_params("status must be a TASK_STATE_* name"))?;
-    if name == "TASK_STATE_UNSPECIFIED" {
-        return Ok(None);
+    match name {
+        "TASK_STATE_UNSPECIFIED" => return Ok(StateFilter::Any),
+        n if n == AUTH_REQUIRED.0 => return Ok(StateFilter::Never),
+        _ => {}
     }
     State::ALL
         .into_iter()
         .find(|s| state_name(*s) == name)
-        .map(Some)
+        .map(StateFilter::Is)
         .ok_or_else(|| RpcError::invalid_params(format!("no task state '{name}'")))
 }
 

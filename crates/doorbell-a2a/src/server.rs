@@ -568,7 +568,7 @@ async fn current_task(who: &Who, id: String, shape: Shape) -> Result<Value, RpcE
 fn list(who: &Who, params: &Value) -> Result<Value, RpcError> {
     let context = optional(params, "contextId", Value::as_str, "a string")?;
     let state = match params.get("status") {
-        None | Some(Value::Null) => None,
+        None | Some(Value::Null) => proto::StateFilter::Any,
         Some(status) => proto::parse_state(status)?,
     };
     let after = optional(params, "statusTimestampAfter", Value::as_str, "a string")?
@@ -601,7 +601,7 @@ fn list(who: &Who, params: &Value) -> Result<Value, RpcError> {
         .requests_to(&who.station, Some(&who.caller))?
         .into_iter()
         .filter(|r| context.is_none_or(|c| r.context_id == c))
-        .filter(|r| state.is_none_or(|s| r.state == s))
+        .filter(|r| state.admits(r.state))
         .filter(|r| after.is_none_or(|t| r.state_since > t))
         .collect();
     let total = matching.len();
@@ -671,7 +671,17 @@ async fn send_message(who: &Who, params: &Value) -> Result<(Sent, Shape), RpcErr
     let mut changes = who.gateway.changes.clone();
     changes.borrow_and_update();
     let (task, placed, context) = blocking(move || send_incoming(&sender, incoming)).await?;
-    judged(who, &placed, changes).await?;
+    if let Err(refused) = judged(who, &placed, changes).await {
+        // A line to a task that closed while it was on its way: what a closed task says.
+        let closed = match &task {
+            Some(task) if *task != placed.id => closed(who, task).await,
+            _ => None,
+        };
+        return Err(match (closed, task) {
+            (Some(state), Some(task)) => closed_task(&task, state),
+            _ => refused,
+        });
+    }
     let sent = match task {
         Some(task) => Sent::Task(task),
         None => Sent::Note {
@@ -738,11 +748,7 @@ fn send_incoming(
                 )));
             }
             if request.state.is_terminal() {
-                return Err(RpcError::unsupported(format!(
-                    "task '{task}' is {}: send a new message in context '{}' instead",
-                    request.state.as_str(),
-                    request.context_id
-                )));
+                return Err(closed_task(&task, request.state));
             }
             let answer = match (kind, incoming.state.as_deref()) {
                 (Some("response"), Some(state)) => Some(state),
@@ -780,6 +786,14 @@ fn send_incoming(
         .next()
         .ok_or_else(|| RpcError::internal("nothing was sent"))?;
     Ok((task, placed, context))
+}
+
+/// What a message to a closed task is told.
+fn closed_task(task: &str, state: State) -> RpcError {
+    RpcError::unsupported(format!(
+        "task '{task}' is {}: send a note naming it (referenceTaskIds), or a new message",
+        state.as_str()
+    ))
 }
 
 /// A note to the station: about a task between the two sides when it names one (whichever
@@ -915,8 +929,25 @@ async fn cancel(who: &Who, task: String) -> Result<Value, RpcError> {
             .ok_or_else(|| RpcError::internal("nothing was sent"))
     })
     .await?;
-    judged(who, &line, changes).await?;
+    if let Err(refused) = judged(who, &line, changes).await {
+        // The station's closing answer came first: the task is no longer cancelable.
+        return Err(match closed(who, &task).await {
+            Some(state) => RpcError::not_cancelable(&task, state.as_str()),
+            None => refused,
+        });
+    }
     current_task(who, task, Shape::FULL).await
+}
+
+/// The task's state if it is closed now.
+async fn closed(who: &Who, task: &str) -> Option<State> {
+    let bridge = who.gateway.bridge.clone();
+    let id = task.to_owned();
+    blocking(move || Ok(View::open(&bridge)?.request(&id).map(|r| r.state)))
+        .await
+        .ok()
+        .flatten()
+        .filter(|s| s.is_terminal())
 }
 
 /// Whether `found` is `caller`'s cancel of `task` (a retried `CancelTask` finds its own).
