@@ -989,3 +989,25 @@ fn a_state_no_request_is_ever_in_lists_no_task() {
     let (_, all) = rpc(&addr, Some(TOKEN), &call("ListTasks", &json!({})));
     assert_eq!(all["result"]["totalSize"], 1, "{all}");
 }
+
+/// `a2a serve` stops at SIGTERM though a client holds a stream open (streams never end of
+/// themselves): it cuts it, and the client subscribes again to a gateway that runs.
+#[test]
+fn the_gateway_stops_at_sigterm_with_a_stream_open() {
+    let (_bridge, mut gateway, addr, task) = served_task("a long one");
+    let subscribe = call("SubscribeToTask", &json!({"id": task}));
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let head = format!(
+        "POST /a2a/web HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        subscribe.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(&subscribe).unwrap();
+    let seen = read_until(&mut stream, |text| text.contains("\"task\""));
+    assert!(seen.contains("text/event-stream"), "{seen}");
+    gateway.signal("TERM");
+    assert_eq!(gateway.wait_exit(Duration::from_secs(20)), Some(0));
+}

@@ -40,6 +40,8 @@ pub const MAX_STREAMS_PER_CALLER: usize = 16;
 const STREAM_BACKLOG: usize = 256;
 /// How long a call waits for the judge's verdict on what it sent.
 pub const VERDICT_WITHIN: Duration = Duration::from_secs(5);
+/// How long the calls in flight and the streams open have to end once the gateway stops.
+pub const STOP_WITHIN: Duration = Duration::from_secs(2);
 /// How long a blocking `SendMessage` waits for the task to close or ask for input.
 pub const BLOCK_FOR: Duration = Duration::from_secs(60);
 
@@ -182,7 +184,9 @@ impl Gateway {
     }
 }
 
-/// Serve until `shutdown` completes.
+/// Serve until `shutdown` completes, then give the calls in flight [`STOP_WITHIN`] to end.
+/// Streams never end of themselves: they are cut then, and their clients subscribe again
+/// to a gateway that runs.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     gateway: Arc<Gateway>,
@@ -193,10 +197,24 @@ pub async fn serve(
         .route("/a2a/{station}/.well-known/agent-card.json", get(card))
         .route("/a2a/{station}", post(call))
         .with_state(gateway);
-    axum::serve(crate::listen::Bounded::new(listener), app)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|source| Error::Bind { addr, source })
+    let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = axum::serve(crate::listen::Bounded::new(listener), app).with_graceful_shutdown(
+        async move {
+            shutdown.await;
+            let _ = stopping.send(());
+        },
+    );
+    let cut = async move {
+        match stopped.await {
+            Ok(()) => tokio::time::sleep(STOP_WITHIN).await,
+            // The server ended on its own.
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        served = std::future::IntoFuture::into_future(served) => served.map_err(|source| Error::Bind { addr, source }),
+        () = cut => Ok(()),
+    }
 }
 
 type Shared = AxumState<Arc<Gateway>>;
