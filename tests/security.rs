@@ -472,6 +472,39 @@ fn hostile_inbox_file_names_are_never_read_as_inboxes() {
     assert!(!bridge.tmp.path().join("b-inbox.jsonl").exists());
 }
 
+/// A file name is chosen by whoever can write in the folder: its terminal escapes never
+/// reach the terminal raw, in a log line, a warning, the board, or an error.
+#[test]
+fn terminal_escapes_in_file_names_reach_no_terminal_raw() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let name = "web\x1b]0;owned\x07\x1b[2J\x1b[31m\u{9b}31m";
+    std::fs::write(bridge.dir().join(format!("{name}-inbox.jsonl")), "x\n").unwrap();
+    bridge.send("design", "web", "hello");
+    let dir = bridge.dir().display().to_string();
+    let hostile_dir = format!("{dir}/{name}");
+    for command in [
+        &["read", "web"][..],
+        &["status"],
+        &["status", "--format", "markdown"],
+        &["check", &hostile_dir],
+        &["read", &format!("web{name}")],
+    ] {
+        let run = bridge.doorbell(command);
+        assert!(!run.stderr.contains("panicked"), "{command:?}: {run:?}");
+        for (what, text) in [("stdout", &run.stdout), ("stderr", &run.stderr)] {
+            assert!(
+                !text.contains(['\x1b', '\x07', '\u{9b}']),
+                "{command:?}: raw escapes on {what}: {text:?}"
+            );
+        }
+    }
+    let status = bridge.doorbell(&["status"]);
+    assert!(
+        status.stderr.contains("web\\u{1b}]0;owned"),
+        "the name is said, escaped: {status:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. Reserved ids and built-in loop names used by others.
 

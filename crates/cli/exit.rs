@@ -73,7 +73,8 @@ pub fn report(error: &anyhow::Error) -> i32 {
             message.push_str(&cause);
         }
     }
-    eprintln!("doorbell: {message}");
+    // It may quote a file's name or an argument: safe for a terminal.
+    eprintln!("doorbell: {}", doorbell_core::report::printable(&message));
     code
 }
 

@@ -1,7 +1,7 @@
 //! What every command starts from: the config, the bridge folder, and a view of the journal
 //! that is caught up with the inboxes.
 
-use doorbell_core::report::plural;
+use doorbell_core::report::{plural, printable};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -37,15 +37,32 @@ pub fn view(bridge: &Bridge) -> anyhow::Result<View> {
     View::open(bridge).context("catching up with the inboxes")
 }
 
-/// Log to stderr, with the level from `DOORBELL_LOG` (default: warnings).
+/// Log to stderr, with the level from `DOORBELL_LOG` (default: warnings). A log line names
+/// files of the folder and quotes what came in, which anyone who can write there chooses:
+/// each line is made safe for a terminal as a whole ([`SafeStderr`]), so it has no colours.
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("DOORBELL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_writer(|| SafeStderr)
         .try_init();
+}
+
+/// Standard error, through [`printable`]: a log event comes as one write of its whole text.
+struct SafeStderr;
+
+impl std::io::Write for SafeStderr {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let text = printable(&String::from_utf8_lossy(bytes));
+        std::io::stderr().lock().write_all(text.as_bytes())?;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
 }
 
 /// `doorbell daemon --once`: become the judge, judge everything waiting, exit.

@@ -6,7 +6,7 @@
 //! up to the folder. The board is replaced atomically and written only after the bridge
 //! changed, never on an idle bridge.
 
-use doorbell_core::report::plural;
+use doorbell_core::report::{plural, printable};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -335,7 +335,8 @@ pub fn status(view: &mut View) -> Result<Status> {
             .iter()
             .map(|(r, n)| (r.code().to_owned(), *n))
             .collect(),
-        warnings,
+        // A file's name, a far bridge's error: text from elsewhere, safe for a terminal.
+        warnings: warnings.iter().map(|w| printable(w)).collect(),
     })
 }
 
