@@ -128,8 +128,36 @@ pub fn append_line_checked(
         file,
         path: path.to_path_buf(),
     };
-    file.write_all(&buf)
-        .map_err(Error::io("append to inbox", path))?;
+    let mut written = 0;
+    if let Err(error) = write_counted(&mut file, &buf, &mut written) {
+        // A line cut short (a full disk) would be a torn line, refused, its sender told it
+        // was not delivered though a retry was. The lock is still held: cut it off, unless
+        // a writer that takes no lock wrote past it meanwhile.
+        if written > 0
+            && file
+                .file
+                .metadata()
+                .is_ok_and(|m| m.len() == len + written as u64)
+        {
+            if let Err(cut) = file.file.set_len(len) {
+                tracing::warn!(path = %path.display(), %cut, "could not cut off a line that failed half way");
+            }
+        }
+        return Err(Error::io("append to inbox", path)(error));
+    }
     // Closing the file releases the lock.
     Ok(offset)
+}
+
+/// `write_all`, counting in `written` what got through before an error.
+fn write_counted(file: &mut impl Write, buf: &[u8], written: &mut usize) -> std::io::Result<()> {
+    while *written < buf.len() {
+        match file.write(&buf[*written..]) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => *written += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }

@@ -257,3 +257,25 @@ fn a_notice_that_cannot_be_written_is_written_once_later() {
         .sum();
     assert_eq!(notices, stats.notices as usize);
 }
+
+#[test]
+fn an_append_the_disk_cuts_short_leaves_the_inbox_as_it_was() {
+    let mut s = setup();
+    let path = s.bridge.inbox_path("web").unwrap();
+    append_line(&path, note("01BEFORE", "design", "web").as_bytes()).unwrap();
+    let before = std::fs::read(&path).unwrap();
+    // The disk fills 40 bytes into the next line.
+    fault::inject(&path, Fault::NoSpace, 40);
+    let error = append_line(&path, note("01RETRIED", "design", "web").as_bytes()).unwrap_err();
+    assert!(is_fault(&error, Fault::NoSpace), "{error}");
+    fault::clear(&path);
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "a torn line was left"
+    );
+    // The sender tries again: one line, accepted, and no refusal for its sender.
+    append_line(&path, note("01RETRIED", "design", "web").as_bytes()).unwrap();
+    let stats = s.judge.catch_up(Utc::now()).unwrap();
+    assert_eq!((stats.accepted, stats.refused, stats.notices), (2, 0, 0));
+}
