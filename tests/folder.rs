@@ -757,8 +757,9 @@ fn a_held_line_of_a_replaced_inbox_is_judged_and_its_sender_told() {
 }
 
 /// `.doorbell/` restored from a backup while the daemon runs: its lock file is a new one,
-/// which any other judge may take. The daemon sees it at its next sweep, says so and stops
-/// (exit 1, so systemd starts it again), rather than judge on into files nobody reads.
+/// which any other judge may take. The daemon sees the folder go (or its lock replaced, at
+/// its next sweep), says so and stops (exit 1, so systemd starts it again), rather than
+/// judge on into files nobody reads.
 /// Started again, it judges from the restored state, and each message is read once.
 #[test]
 fn a_state_folder_restored_under_the_daemon_stops_it() {
@@ -775,13 +776,13 @@ fn a_state_folder_restored_under_the_daemon_stops_it() {
     // The restore: the folder as it was, every file a new one.
     std::fs::remove_dir_all(&state).unwrap();
     copy_folder(&backup, &state);
-    let third = bridge.send("design", "web", "three");
-    daemon.expect_stderr("was replaced while this judge ran", patience);
+    daemon.expect_stderr("while this judge ran", patience);
     assert_eq!(
         daemon.wait_exit(patience),
         Some(1),
         "stopped, to be started again"
     );
+    let third = bridge.send("design", "web", "three");
     let _again = crate::util::Daemon::start(&bridge, &[]);
     let read: Vec<String> = bridge
         .read_json("web", &[])
@@ -789,6 +790,37 @@ fn a_state_folder_restored_under_the_daemon_stops_it() {
         .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(read, [first, second, third]);
+}
+
+/// The whole folder restored from a backup while the daemon runs (`rm -rf`, then the copy
+/// in its place): the watch ended with the folder, so no event would ever come again. The
+/// daemon sees the folder go, stops (exit 1), and started again judges what is there, each
+/// message read once.
+#[test]
+fn a_whole_folder_restored_under_the_daemon_stops_it() {
+    let patience = std::time::Duration::from_secs(20);
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let mut daemon = crate::util::Daemon::start(&bridge, &[]);
+    let first = bridge.send("design", "web", "one");
+    bridge.wait_for(patience, "one judged", |b| b.verdict_count() == 1);
+    let backup = bridge.tmp.path().join("backup");
+    copy_folder(&bridge.dir(), &backup);
+    std::fs::remove_dir_all(bridge.dir()).unwrap();
+    copy_folder(&backup, &bridge.dir());
+    daemon.expect_stderr("while this judge ran", patience);
+    assert_eq!(
+        daemon.wait_exit(patience),
+        Some(1),
+        "stopped, to be started again"
+    );
+    let second = bridge.send("design", "web", "two");
+    let _again = crate::util::Daemon::start(&bridge, &[]);
+    let read: Vec<String> = bridge
+        .read_json("web", &[])
+        .iter()
+        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(read, [first, second]);
 }
 
 /// An inbox restored to an older copy and then written on with lines of the same length and

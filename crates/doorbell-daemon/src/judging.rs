@@ -48,6 +48,8 @@ pub enum Input {
     Wake,
     /// Write what is due, checkpoint, and return.
     Stop,
+    /// The bridge folder itself was removed or moved: its watch ended with it.
+    Gone,
 }
 
 /// The judging thread's own deadlines.
@@ -70,6 +72,7 @@ struct Batch {
     rescan: bool,
     reports: bool,
     stop: bool,
+    gone: bool,
     /// A new config to judge with from now on (the latest, when several came).
     config: Option<Config>,
     /// How many reloads came in it.
@@ -172,6 +175,16 @@ impl Judging {
     /// Do what `batch` asks, tell the watchers, announce the arrivals. False once judging
     /// must stop (an interrupted sweep).
     fn act(&mut self, mut batch: Batch) -> bool {
+        // Nothing is read or written there any more: not even to look, as a sweep would
+        // (and could make files in a folder being restored).
+        if batch.gone {
+            let e = doorbell_store::Error::FolderGone {
+                dir: self.judge.bridge().dir().to_path_buf(),
+            };
+            tracing::error!(error = %e, "judging stops");
+            self.ended = Some(e);
+            return false;
+        }
         if let Some(config) = batch.config.take() {
             if let Err(e) = self.judge.set_config(config) {
                 failed(&mut self.due, &e);
@@ -350,6 +363,7 @@ fn receive(inputs: &Receiver<Input>, next: Option<Instant>) -> Batch {
             }
             Input::Wake => {}
             Input::Stop => batch.stop = true,
+            Input::Gone => batch.gone = true,
         }
     }
     batch

@@ -18,7 +18,14 @@ use crate::{Error, Input};
 
 /// Start watching `dir`; the watch lasts as long as the returned watcher.
 pub fn watch(dir: &Path, inputs: Sender<Input>, seat: Seat) -> Result<RecommendedWatcher, Error> {
+    let watched = dir.to_path_buf();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        // No event comes from the folder once it is gone: the judge stops (a folder
+        // restored in its place is a daemon started afresh's to watch).
+        if folder_gone(&event, &watched) {
+            let _ = inputs.send(Input::Gone);
+            return;
+        }
         for input in hints(&event) {
             // An inbox is judged here and now when the judge is seated; anything else (and
             // an inbox while it is not) goes to the judging thread.
@@ -54,6 +61,24 @@ pub fn watch(dir: &Path, inputs: Sender<Input>, seat: Seat) -> Result<Recommende
             })?;
     }
     Ok(watcher)
+}
+
+/// Whether `event` says the watched folder `dir`, or its state folder, was removed or moved
+/// away. The folder's own removal is said only once the files open in it are closed (an
+/// open file holds its folder), which the daemon's are not: the state folder's removal,
+/// said to the folder around it, comes at once.
+fn folder_gone(event: &notify::Result<notify::Event>, dir: &Path) -> bool {
+    let Ok(event) = event else {
+        return false;
+    };
+    matches!(
+        event.kind,
+        EventKind::Remove(_) | EventKind::Modify(notify::event::ModifyKind::Name(_))
+    ) && event.paths.iter().any(|p| {
+        p == dir
+            || (p.parent() == Some(dir)
+                && p.file_name() == Some(doorbell_store::bridge::STATE_DIR.as_ref()))
+    })
 }
 
 /// What one file event says, for the daemon and for waiters alike.
@@ -167,6 +192,24 @@ mod tests {
         let open =
             Event::new(EventKind::Access(AccessKind::Any)).add_path("/b/web-inbox.jsonl".into());
         assert!(hints(&Ok(open)).is_empty());
+    }
+
+    #[test]
+    fn the_folder_itself_removed_or_moved_is_gone_and_nothing_else_is() {
+        use notify::event::{RemoveKind, RenameMode};
+        let dir = Path::new("/b");
+        let gone = |kind, path: &str| folder_gone(&Ok(Event::new(kind).add_path(path.into())), dir);
+        assert!(gone(EventKind::Remove(RemoveKind::Folder), "/b"));
+        assert!(gone(
+            EventKind::Modify(ModifyKind::Name(RenameMode::From)),
+            "/b"
+        ));
+        assert!(!gone(
+            EventKind::Remove(RemoveKind::File),
+            "/b/web-inbox.jsonl"
+        ));
+        assert!(!gone(EventKind::Remove(RemoveKind::Folder), "/b/reports"));
+        assert!(!gone(EventKind::Modify(ModifyKind::Any), "/b"));
     }
 
     #[test]

@@ -67,6 +67,8 @@ pub enum Error {
     Refused { message: String },
     #[error("the bridge's state folder {dir} was replaced while this judge ran (restored from a backup?): it stops, so that a judge started afresh works from what is there now")]
     StateReplaced { dir: PathBuf },
+    #[error("the bridge folder {dir} or its state folder was removed or moved while this judge ran (restored from a backup?): it stops, so that a judge started afresh watches what is there now")]
+    FolderGone { dir: PathBuf },
     #[error("interrupted: the judge is stopping")]
     Interrupted,
 }
