@@ -71,8 +71,8 @@ struct Batch {
     dirty: BTreeSet<String>,
     rescan: bool,
     reports: bool,
-    stop: bool,
-    gone: bool,
+    /// Told to stop, or the folder went: the end of judging.
+    end: Option<Input>,
     /// A new config to judge with from now on (the latest, when several came).
     config: Option<Config>,
     /// How many reloads came in it.
@@ -177,7 +177,7 @@ impl Judging {
     fn act(&mut self, mut batch: Batch) -> bool {
         // Nothing is read or written there any more: not even to look, as a sweep would
         // (and could make files in a folder being restored).
-        if batch.gone {
+        if matches!(batch.end, Some(Input::Gone)) {
             let e = doorbell_store::Error::FolderGone {
                 dir: self.judge.bridge().dir().to_path_buf(),
             };
@@ -287,7 +287,7 @@ pub fn run(
             judging.sleeps_until
         });
         let batch = receive(inputs, next);
-        if batch.stop {
+        if matches!(batch.end, Some(Input::Stop)) {
             break;
         }
         let reloads = batch.reloads;
@@ -362,8 +362,11 @@ fn receive(inputs: &Receiver<Input>, next: Option<Instant>) -> Batch {
                 batch.reloads += 1;
             }
             Input::Wake => {}
-            Input::Stop => batch.stop = true,
-            Input::Gone => batch.gone = true,
+            // The folder gone outweighs a stop: nothing more is written there either way.
+            Input::Stop => {
+                batch.end.get_or_insert(Input::Stop);
+            }
+            Input::Gone => batch.end = Some(Input::Gone),
         }
     }
     batch

@@ -18,11 +18,11 @@ use crate::{Error, Input};
 
 /// Start watching `dir`; the watch lasts as long as the returned watcher.
 pub fn watch(dir: &Path, inputs: Sender<Input>, seat: Seat) -> Result<RecommendedWatcher, Error> {
-    let watched = dir.to_path_buf();
+    let folder = dir.to_path_buf();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         // No event comes from the folder once it is gone: the judge stops (a folder
         // restored in its place is a daemon started afresh's to watch).
-        if folder_gone(&event, &watched) {
+        if folder_gone(&event, &folder) {
             let _ = inputs.send(Input::Gone);
             return;
         }
