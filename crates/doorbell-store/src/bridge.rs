@@ -83,6 +83,17 @@ fn make_private_dir(path: &Path) -> Result<()> {
         .map_err(Error::io("create folder", path))
 }
 
+/// Make the private folder `path` (0700) inside a folder that exists; one already there is
+/// fine. Never its parents: a bridge folder removed under a running process (being restored
+/// from a backup) is never made again around it.
+pub(crate) fn make_dir_in(path: &Path) -> Result<()> {
+    match DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(Error::io("create folder", path)(e)),
+    }
+}
+
 impl Bridge {
     /// Open an existing bridge folder.
     pub fn open(dir: &Path, config: Config) -> Result<Bridge> {
@@ -115,7 +126,7 @@ impl Bridge {
         match fs::symlink_metadata(&path) {
             Ok(meta) if meta.file_type().is_dir() => {}
             Ok(_) => return Err(Error::NotRegularFile { path }),
-            Err(e) if e.kind() == ErrorKind::NotFound => make_private_dir(&path)?,
+            Err(e) if e.kind() == ErrorKind::NotFound => make_dir_in(&path)?,
             Err(e) => return Err(Error::io("stat", &path)(e)),
         }
         Ok(path)

@@ -3,7 +3,6 @@
 //! (reserved id `report:<date>`, intent journaled before the write like every judge's line).
 
 use std::fs;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
@@ -18,11 +17,7 @@ pub const REPORTS_DIR: &str = "reports";
 /// The reports folder, created (0700) when missing.
 pub fn reports_dir(bridge: &Bridge) -> Result<PathBuf> {
     let dir = bridge.dir().join(REPORTS_DIR);
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .map_err(Error::io("create folder", &dir))?;
+    crate::bridge::make_dir_in(&dir)?;
     Ok(dir)
 }
 

@@ -11,7 +11,7 @@
 
 use std::fs::{self, File};
 use std::io::{BufReader, BufWriter, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::{Error, Result};
@@ -99,11 +99,7 @@ fn sync_dir(dir: &Path) -> Result<()> {
 /// Step 1 of a roll: the live journal, hard-linked as sealed segment `number`.
 pub fn seal(state_dir: &Path, live: &Path, number: u64) -> Result<()> {
     let dir = segments_dir(state_dir);
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .recursive(true)
-        .create(&dir)
-        .map_err(Error::io("create folder", &dir))?;
+    crate::bridge::make_dir_in(&dir)?;
     crate::fault::check(&dir).map_err(Error::io("seal journal segment", &dir))?;
     let sealed = sealed_path(state_dir, number);
     match fs::hard_link(live, &sealed) {
