@@ -542,3 +542,29 @@ fn a_read_that_waited_while_the_inbox_was_rewritten_in_place_shows_only_the_new_
     assert_eq!(read, [later]);
     daemon.kill();
 }
+
+/// A process that holds an agent's cursor file locked (the cursor moves under `flock`, which
+/// any tool may take) never hangs a reader: after a bounded wait it says so and exits, and
+/// what it showed is shown again once the holder lets go.
+#[test]
+fn a_cursor_locked_by_another_process_fails_the_read_instead_of_hanging_it() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    bridge.send("design", "web", "first");
+    bridge.read_json("web", &[]);
+    let second = bridge.send("design", "web", "second");
+    let cursor = std::fs::File::open(bridge.dir().join("web-inbox.cursor")).unwrap();
+    cursor.lock().unwrap();
+    let run = crate::util::run_within(
+        bridge.command(&["read", "web"]),
+        std::time::Duration::from_secs(40),
+    );
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(run.stderr.contains("locked by another process"), "{run:?}");
+    cursor.unlock().unwrap();
+    let again: Vec<String> = bridge
+        .read_json("web", &[])
+        .iter()
+        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(again, [second]);
+}

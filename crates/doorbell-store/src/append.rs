@@ -16,6 +16,20 @@ use crate::{Error, Result};
 
 /// Take `file`'s lock, waiting at most `wait` (a short sleep between tries).
 fn lock_within(file: &std::fs::File, path: &Path, wait: Duration) -> Result<()> {
+    lock_file_within(file, path, wait, || Error::InboxLocked {
+        path: path.to_path_buf(),
+        secs: wait.as_secs_f64(),
+    })
+}
+
+/// Lock `file` (at `path`), waiting at most `wait` for a process that holds it: then the
+/// error `locked` makes, never a wait for good.
+pub(crate) fn lock_file_within(
+    file: &std::fs::File,
+    path: &Path,
+    wait: Duration,
+    locked: impl FnOnce() -> Error,
+) -> Result<()> {
     let until = Instant::now() + wait;
     let mut pause = Duration::from_millis(1);
     loop {
@@ -25,13 +39,8 @@ fn lock_within(file: &std::fs::File, path: &Path, wait: Duration) -> Result<()> 
                 std::thread::sleep(pause.min(until.saturating_duration_since(Instant::now())));
                 pause = (pause * 2).min(Duration::from_millis(50));
             }
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(Error::InboxLocked {
-                    path: path.to_path_buf(),
-                    secs: wait.as_secs_f64(),
-                })
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("lock inbox", path)(e)),
+            Err(std::fs::TryLockError::WouldBlock) => return Err(locked()),
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("lock", path)(e)),
         }
     }
 }

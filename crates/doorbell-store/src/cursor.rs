@@ -216,6 +216,18 @@ pub fn load(bridge: &Bridge, agent: &str, inbox: &File) -> Result<Position> {
     validate(read_cursor(&path)?, inbox)
 }
 
+/// How long a cursor's move waits for another process that holds the cursor file locked
+/// (doorbell's own moves hold it for a moment).
+pub const CURSOR_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Lock the cursor file at `path`, waiting at most [`CURSOR_WAIT`].
+fn lock_within(file: &File, path: &Path) -> Result<()> {
+    crate::append::lock_file_within(file, path, CURSOR_WAIT, || Error::CursorLocked {
+        path: path.to_path_buf(),
+        secs: CURSOR_WAIT.as_secs_f64(),
+    })
+}
+
 /// Open the cursor file and lock it, making sure the locked file is still the one at `path`
 /// (a concurrent writer may have renamed a new one over it).
 fn lock_cursor(path: &Path) -> Result<(File, fs::Metadata)> {
@@ -235,7 +247,7 @@ fn lock_cursor(path: &Path) -> Result<(File, fs::Metadata)> {
             }
             other => other.map_err(Error::io("open cursor", path))?,
         };
-        file.lock().map_err(Error::io("lock cursor", path))?;
+        lock_within(&file, path)?;
         let locked = file.metadata().map_err(Error::io("stat cursor", path))?;
         match fs::symlink_metadata(path) {
             Ok(now) if now.ino() == locked.ino() && now.dev() == locked.dev() => {
@@ -307,7 +319,7 @@ impl Drop for CursorLock<'_> {
 
 /// Lock `held`, the cursor file a reader kept open, when it is still the one at `path`.
 fn lock_held<'a>(path: &Path, held: &'a Held) -> Result<Option<CursorLock<'a>>> {
-    held.file.lock().map_err(Error::io("lock cursor", path))?;
+    lock_within(&held.file, path)?;
     let lock = CursorLock::Held(&held.file);
     Ok((stamp_at(path)? == Some(held.stamp)).then_some(lock))
 }

@@ -29,6 +29,8 @@ pub enum Error {
     NoBridge { path: PathBuf },
     #[error("{path} has been locked by another process for {secs} s (a writer that hangs?): nothing was written; try again, or find the holder with `fuser {path}`")]
     InboxLocked { path: PathBuf, secs: f64 },
+    #[error("{path} has been locked by another process for {secs} s, so the cursor did not move: what was shown stays unread and is shown again; find the holder with `fuser {path}`")]
+    CursorLocked { path: PathBuf, secs: f64 },
     #[error("another reader of {agent} ({holder}) was in the middle of showing it messages and did not finish within {secs} s, so nothing was read this time: a reader whose output nobody reads (a `watch` or `read` into a paused pager, Ctrl-Z) stays in its turn until its output is read; try again once it goes on")]
     ReaderBusy {
         agent: String,
