@@ -1091,3 +1091,28 @@ fn wrong_questions_get_plain_answers() {
         "not a request",
     );
 }
+
+/// `thread --json` is JSON on every line, a message whose line left its inbox (rotated away)
+/// included: what the ledger knows of it, and why its envelope is missing.
+#[test]
+fn thread_json_stays_json_when_a_line_left_its_inbox() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let asked = bridge.request("design", "web", "q1");
+    bridge.reply(&asked, "web", "completed", &[], "done");
+    bridge.doorbell(&["status"]).ok();
+    let inbox = bridge.inbox("design");
+    std::fs::rename(&inbox, bridge.dir().join("design-inbox.old")).unwrap();
+    std::fs::write(&inbox, "").unwrap();
+    let lines: Vec<Value> = bridge
+        .doorbell(&["thread", &asked, "--json"])
+        .ok()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .filter(|m| m.get("trace").is_none())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["envelope"]["id"], asked.as_str());
+    assert_eq!(lines[1]["inbox"], "design");
+    assert!(lines[1]["envelope"].is_null(), "{:?}", lines[1]);
+    assert!(lines[1]["missing"].is_string(), "{:?}", lines[1]);
+}

@@ -239,11 +239,25 @@ pub fn thread(session: &Session, args: &ThreadArgs) -> anyhow::Result<i32> {
     let now = Utc::now();
     for message in &messages {
         let Some(bytes) = &message.line else {
-            out!(
-                "{}: no longer in {}-inbox.jsonl (the inbox was replaced)",
-                message.row.id,
-                message.row.inbox
-            )?;
+            if args.json {
+                // Still one JSON document a line: what the ledger knows, and why no more.
+                let gone = serde_json::json!({
+                    "inbox": message.row.inbox,
+                    "offset": message.row.offset,
+                    "verdict": "accepted",
+                    "id": message.row.id,
+                    "from": message.row.from,
+                    "envelope": null,
+                    "missing": "no longer in its inbox (the inbox was replaced)",
+                });
+                out!("{gone}")?;
+            } else {
+                out!(
+                    "{}: no longer in {}-inbox.jsonl (the inbox was replaced)",
+                    message.row.id,
+                    message.row.inbox
+                )?;
+            }
             continue;
         };
         if args.json {
