@@ -74,6 +74,20 @@ fn read_with_room_prints_what_fits_and_leaves_the_rest_unread_and_counted() {
     assert!(third.ok().contains(&texts[4]), "{}", third.stdout);
     assert!(!third.stdout.contains("more message"), "{}", third.stdout);
     assert!(bridge.read_json("web", &[]).is_empty(), "all read once");
+    // A read that moves no cursor, or reads from the start, cannot be run again for the
+    // rest: it says what it left, not to run it again.
+    for extra in [&["--all"][..], &["--all", "--peek"]] {
+        let mut args = vec!["read", "web", "--max-chars", "2500"];
+        args.extend_from_slice(extra);
+        let run = bridge.doorbell(&args);
+        assert!(
+            run.ok()
+                .trim_end()
+                .ends_with("3 more messages are not shown here, past --max-chars 2500."),
+            "{extra:?}: {}",
+            run.stdout
+        );
+    }
 }
 
 #[test]

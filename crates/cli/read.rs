@@ -177,12 +177,17 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
             cursor::advance(&bridge, &args.agent, &inbox, to, "read")?;
         }
         if left > 0 {
-            let more = format!(
-                "{} not shown here, for room: run `doorbell read {} --max-chars {}` again.",
-                doorbell_core::report::plural(left, "more message is", "more messages are"),
-                args.agent,
-                args.max_chars.unwrap_or_default()
-            );
+            let left = doorbell_core::report::plural(left, "more message is", "more messages are");
+            let room = args.max_chars.unwrap_or_default();
+            // Running it again shows the rest only when this read moved the cursor.
+            let more = if args.peek || args.all {
+                format!("{left} not shown here, past --max-chars {room}.")
+            } else {
+                format!(
+                    "{left} not shown here, for room: run `doorbell read {} --max-chars {room}` again.",
+                    args.agent
+                )
+            };
             // JSON output stays one message per line.
             if args.json {
                 eprintln!("doorbell: {more}");
