@@ -1116,3 +1116,32 @@ fn thread_json_stays_json_when_a_line_left_its_inbox() {
     assert!(lines[1]["envelope"].is_null(), "{:?}", lines[1]);
     assert!(lines[1]["missing"].is_string(), "{:?}", lines[1]);
 }
+
+/// Flags that cannot both be honoured are refused (exit 2), never one of them ignored.
+#[test]
+fn flags_that_cannot_both_be_honoured_are_refused() {
+    let bridge = Bridge::with_agents(&["web", "human"]);
+    let out = bridge.tmp.path().join("report.json");
+    let out = out.to_str().unwrap();
+    for args in [
+        &["report", "--daily", "--format", "json"][..],
+        &["report", "--daily", "--out", out],
+        &["status", "--json", "--format", "markdown"],
+        &["status", "--json", "--format", "text"],
+    ] {
+        let run = bridge.doorbell(args);
+        assert_eq!(run.code, 2, "{args:?}: {run:?}");
+        assert!(
+            run.stderr.contains("cannot be used with"),
+            "{args:?}: {run:?}"
+        );
+    }
+    assert!(
+        !bridge.dir().join("reports").exists()
+            || std::fs::read_dir(bridge.dir().join("reports"))
+                .unwrap()
+                .next()
+                .is_none()
+    );
+    assert!(!std::path::Path::new(out).exists());
+}

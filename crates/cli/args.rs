@@ -299,14 +299,14 @@ pub struct ReportArgs {
     #[arg(long, value_name = "FILE")]
     pub out: Option<std::path::PathBuf>,
     /// Write reports/<local date>.md and post its summary to the human station, once
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["format", "out"])]
     pub daily: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// One JSON document
-    #[arg(long)]
+    /// One JSON document (as --format json)
+    #[arg(long, conflicts_with = "format")]
     pub json: bool,
     /// text (the default), json, or markdown: the board a daemon with `board = true` keeps
     /// in STATUS.md
