@@ -273,7 +273,8 @@ pub struct WaitArgs {
     /// answered ends the wait
     #[arg(long)]
     pub any: bool,
-    /// One JSON document
+    /// One JSON document a line, one line for each request answered (`id`, `state`,
+    /// `response`): a broadcast's id or several ids give several lines
     #[arg(long)]
     pub json: bool,
 }
