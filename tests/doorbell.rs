@@ -939,6 +939,9 @@ fn reply_cancel_show_debts_and_thread() {
     assert_eq!(shown["inbox"], "web", "{shown}");
     assert_eq!(shown["envelope"]["id"], asked.as_str(), "{shown}");
     assert!(shown["deliveredAt"].is_string(), "{shown}");
+    // A `working` is a first response, not the answer: the request is still owed.
+    assert!(shown["firstResponseAt"].is_string(), "{shown}");
+    assert!(shown["answeredAt"].is_null(), "{shown}");
     let done = bridge
         .doorbell(&[
             "reply",

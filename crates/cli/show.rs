@@ -37,6 +37,10 @@ struct Shown<'a> {
     /// agent's read log.
     read_via: Option<String>,
     read_at: Option<String>,
+    /// The addressee's first response (a `working` too).
+    first_response_at: Option<String>,
+    /// When the addressee closed it with its answer (completed, failed, rejected); none
+    /// while it is owed.
     answered_at: Option<String>,
     state: Option<&'a str>,
     thread: Option<&'a str>,
@@ -82,7 +86,19 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
         read,
         read_via: how.as_ref().map(|h| h.via.clone()),
         read_at: how.as_ref().map(|h| h.at.clone()),
-        answered_at: request.as_ref().and_then(|r| r.first_response_at).map(rfc),
+        first_response_at: request.as_ref().and_then(|r| r.first_response_at).map(rfc),
+        answered_at: request
+            .as_ref()
+            .filter(|r| {
+                matches!(
+                    r.state,
+                    doorbell_core::State::Completed
+                        | doorbell_core::State::Failed
+                        | doorbell_core::State::Rejected
+                )
+            })
+            .and_then(|r| r.closed_at)
+            .map(rfc),
         state: request.as_ref().map(|r| r.state.as_str()),
         thread: record.context_id.as_deref(),
         envelope,
