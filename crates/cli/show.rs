@@ -47,6 +47,14 @@ struct Shown<'a> {
     envelope: Option<&'a RawValue>,
 }
 
+/// When the addressee closed `request` with its answer (not a cancel, not a `working`).
+fn answered_at(request: &doorbell_core::Request) -> Option<chrono::DateTime<Utc>> {
+    use doorbell_core::State::{Completed, Failed, Rejected};
+    matches!(request.state, Completed | Failed | Rejected)
+        .then_some(request.closed_at)
+        .flatten()
+}
+
 pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let view = view(&bridge)?;
@@ -87,18 +95,7 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
         read_via: how.as_ref().map(|h| h.via.clone()),
         read_at: how.as_ref().map(|h| h.at.clone()),
         first_response_at: request.as_ref().and_then(|r| r.first_response_at).map(rfc),
-        answered_at: request
-            .as_ref()
-            .filter(|r| {
-                matches!(
-                    r.state,
-                    doorbell_core::State::Completed
-                        | doorbell_core::State::Failed
-                        | doorbell_core::State::Rejected
-                )
-            })
-            .and_then(|r| r.closed_at)
-            .map(rfc),
+        answered_at: request.as_deref().and_then(answered_at).map(rfc),
         state: request.as_ref().map(|r| r.state.as_str()),
         thread: record.context_id.as_deref(),
         envelope,
