@@ -792,6 +792,48 @@ fn a_state_folder_restored_under_the_daemon_stops_it() {
     assert_eq!(read, [first, second, third]);
 }
 
+/// The journal restored from a backup while the daemon runs, the lock file kept (`rsync`
+/// skips what did not change; `cp -a backup/. folder/` writes into the files in place):
+/// the daemon's journal is no longer what it wrote. It stops at its next sweep (exit 1);
+/// started again, it judges from the restored state: each message read once, nobody told
+/// a refusal.
+#[test]
+fn a_journal_restored_under_the_daemon_with_the_lock_kept_stops_it() {
+    let patience = std::time::Duration::from_secs(20);
+    for how in ["copied into", "renamed over"] {
+        let bridge = Bridge::with_agents(&["web", "design"]);
+        let mut daemon = crate::util::Daemon::start(&bridge, &[]);
+        let first = bridge.send("design", "web", "one");
+        bridge.wait_for(patience, "one judged", |b| b.verdict_count() == 1);
+        let journal = bridge.dir().join(".doorbell/journal.jsonl");
+        let backup = bridge.tmp.path().join("journal.backup");
+        std::fs::copy(&journal, &backup).unwrap();
+        let second = bridge.send("design", "web", "two");
+        bridge.wait_for(patience, "two judged", |b| b.verdict_count() == 2);
+        if how == "copied into" {
+            std::fs::copy(&backup, &journal).unwrap();
+        } else {
+            let beside = bridge.dir().join(".doorbell/journal.restored");
+            std::fs::copy(&backup, &beside).unwrap();
+            std::fs::rename(&beside, &journal).unwrap();
+        }
+        let third = bridge.send("design", "web", "three");
+        daemon.expect_stderr("was replaced while this judge ran", patience);
+        assert_eq!(daemon.wait_exit(patience), Some(1), "{how}: stopped");
+        let _again = crate::util::Daemon::start(&bridge, &[]);
+        let read: Vec<String> = bridge
+            .read_json("web", &[])
+            .iter()
+            .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(read, [first, second, third], "{how}");
+        assert!(
+            bridge.read_json("design", &[]).is_empty(),
+            "{how}: a notice"
+        );
+    }
+}
+
 /// The whole folder restored from a backup while the daemon runs (`rm -rf`, then the copy
 /// in its place): the watch ended with the folder, so no event would ever come again. The
 /// daemon sees the folder go, stops (exit 1), and started again judges what is there, each

@@ -1134,6 +1134,20 @@ impl JournalWriter {
         }
     }
 
+    /// Whether the file at the journal's path is still the one this writer appends to, as
+    /// long as it made it: not when another took its place (a restore renamed over it) or
+    /// was copied into it (its length is not what this writer wrote).
+    pub fn is_still_ours(&self) -> Result<bool> {
+        let buffered = self.out.as_ref().map_or(0, |out| out.buffer().len() as u64);
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(now) => {
+                Ok((now.dev(), now.ino()) == self.identity && now.len() == self.len - buffered)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(Error::io("stat journal", &self.path)(e)),
+        }
+    }
+
     /// The journal's length once everything appended is written.
     #[must_use]
     pub fn len(&self) -> u64 {

@@ -314,8 +314,10 @@ impl Judge {
     /// Judge the unjudged lines of `names`. When a line waits for a request that is not in
     /// the ledger, every other inbox is read to its end before the line is refused.
     pub fn sweep(&mut self, names: &[String], now: DateTime<Utc>) -> Result<CatchUp> {
-        // Judging on into files another judge no longer sees would judge every line twice.
-        if !self.lock.still_held()? {
+        // Judging on into files another judge no longer sees would judge every line twice;
+        // on after a journal restored under it, it would journal past what the restore
+        // left as if that were its own.
+        if !self.lock.still_held()? || !self.journal.is_still_ours()? {
             return Err(crate::Error::StateReplaced {
                 dir: self.bridge.state_dir()?,
             });
