@@ -1002,6 +1002,13 @@ fn a_question_on_a_loops_request_is_owed_by_its_owner_everywhere() {
         .unwrap_or_else(|| panic!("{asked} is not waiting on human: {}", board.stdout))
         .to_owned();
     assert!(line.contains("--state working"), "{line}");
+    // A station heard from within the minute is "just now", as `status` says, not "0 s ago".
+    let web = board
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("| web "))
+        .unwrap();
+    assert!(web.ends_with("| just now |"), "{web}");
 }
 
 /// A ring held back by a locked inbox is void once its debt is paid meanwhile: when the lock

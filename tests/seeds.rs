@@ -195,6 +195,10 @@ fn a_thread_ends_with_its_trace_checked_against_the_messages_times() {
     let text = text.ok();
     assert!(text.contains("trace: 3 messages"), "{text}");
     assert!(text.contains("held longest: web"), "{text}");
+    assert!(
+        text.contains(" in 1 wait\n"),
+        "one wait, not \"1 waits\": {text}"
+    );
 }
 
 #[test]

@@ -328,10 +328,10 @@ fn print_trace(trace: &doorbell_core::trace::Trace) -> std::io::Result<()> {
     }
     if let Some(longest) = trace.longest() {
         out!(
-            "  held longest: {}, {} in {} waits",
+            "  held longest: {}, {} in {}",
             longest.agent,
             span(longest.secs),
-            longest.waits
+            plural(longest.waits, "wait", "waits")
         )?;
     }
     Ok(())

@@ -22,6 +22,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             .parse()
             .map_err(|_| format!("'{text}' is too large"))?;
         rest = &rest[digits..];
+        if rest.starts_with(['.', ',']) {
+            return Err(format!(
+                "'{text}': whole numbers only (for 1.5h write 1h30m)"
+            ));
+        }
         let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
         let unit = &rest[..unit_len];
         rest = rest[unit_len..].trim_start();
@@ -68,5 +73,8 @@ mod tests {
         for bad in ["", "h", "10", "10x", "-5s", "1.5h"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+        // A fraction is told how to write it, not that it has no unit.
+        let fraction = parse_duration("1.5h").unwrap_err();
+        assert!(fraction.contains("whole numbers only"), "{fraction}");
     }
 }

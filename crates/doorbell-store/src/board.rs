@@ -345,6 +345,15 @@ fn silent_for(since: DateTime<Utc>, now: DateTime<Utc>) -> String {
     doorbell_core::trace::span((now - since).num_seconds().max(0))
 }
 
+/// "just now" under a minute, as `status` says it; else "3 min ago".
+fn ago(since: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    if (now - since).num_seconds() < 60 {
+        "just now".to_owned()
+    } else {
+        format!("{} ago", silent_for(since, now))
+    }
+}
+
 /// Text for a markdown table cell: one line, no pipe.
 fn cell(text: &str) -> String {
     text.chars()
@@ -380,7 +389,7 @@ pub fn markdown(view: &mut View, now: DateTime<Utc>) -> Result<String> {
     for agent in &status.agents {
         let last = agent
             .last_activity_at()
-            .map_or_else(|| "-".to_owned(), |t| format!("{} ago", silent_for(t, now)));
+            .map_or_else(|| "-".to_owned(), |t| ago(t, now));
         let name = agent.label();
         let _ = writeln!(
             out,
