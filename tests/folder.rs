@@ -146,6 +146,44 @@ fn an_unreadable_inbox_is_skipped_and_said_while_every_other_station_works() {
     assert_eq!(read.stdout.lines().count(), 1, "{}", read.stdout);
 }
 
+/// A notice due to an inbox its owner made read-only: the daemon says so once (not at every
+/// try, every few seconds for as long as it lasts), and `status` says why the notice waits.
+#[test]
+fn a_notice_to_an_inbox_that_cannot_be_written_is_said_once_and_in_status() {
+    let patience = std::time::Duration::from_secs(20);
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    give_to_nobody(&bridge);
+    set_mode(&bridge, "design", 0o400);
+    let mut command = std::process::Command::new("setpriv");
+    bridge.env(&mut command);
+    command
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_doorbell"))
+        .arg("daemon");
+    let mut daemon = crate::util::Daemon::spawn(command);
+    let bad = |n: usize| {
+        let line = crate::util::line(&format!("01BAD{n}"), "design", "web", "gossip", "");
+        bridge.append_raw("web", format!("{line}\n").as_bytes());
+    };
+    bad(0);
+    let cannot = "design's inbox cannot be written";
+    bridge.wait_for(patience, "status to say why the notice waits", |b| {
+        as_nobody(b, &["status"]).stderr.contains(cannot)
+    });
+    // More lines judged: each judging tries the notice again.
+    bad(1);
+    bad(2);
+    bridge.wait_for(patience, "judged", |b| b.verdict_count() == 3);
+    daemon.signal("TERM");
+    daemon.wait_exit(patience);
+    let said = daemon
+        .finish_stderr(patience)
+        .iter()
+        .filter(|l| l.contains("could not write a notice"))
+        .count();
+    assert_eq!(said, 1, "{:?}", daemon.stderr_so_far());
+}
+
 #[test]
 fn a_hard_linked_or_renamed_inbox_is_not_judged_again_and_no_sender_is_told_of_refusals() {
     for how in ["hard link", "rename"] {

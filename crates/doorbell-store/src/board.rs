@@ -172,8 +172,9 @@ fn unfinished_line(bridge: &Bridge, name: &str) -> Option<String> {
     ))
 }
 
-/// An inbox that another process holds locked while lines the bridge wrote for it (notices,
-/// rings) wait to go in: who holds it, so a person can let it go.
+/// An inbox that another process holds locked, or that cannot be written, while lines the
+/// bridge wrote for it (notices, rings) wait to go in: who holds it, so a person can let it
+/// go, or why it cannot be written.
 fn locked_with_lines_waiting(bridge: &Bridge, name: &str, waiting: usize) -> Option<String> {
     if waiting == 0 {
         return None;
@@ -183,7 +184,14 @@ fn locked_with_lines_waiting(bridge: &Bridge, name: &str, waiting: usize) -> Opt
     match file.try_lock() {
         Ok(()) => {
             let _ = file.unlock();
-            None
+            // Not locked, but perhaps not writable (a read-only file, a read-only mount).
+            match crate::append::open_inbox(&bridge.inbox_path(name).ok()?, true) {
+                Ok(_) => None,
+                Err(error) => Some(format!(
+                    "{name}'s inbox cannot be written ({error}): {waiting} line{} the bridge wrote for it (notices, rings) wait until it can",
+                    if waiting == 1 { "" } else { "s" }
+                )),
+            }
         }
         Err(std::fs::TryLockError::WouldBlock) => Some(format!(
             "{name}'s inbox is locked by another process ({}): {waiting} line{} the bridge wrote for it (notices, rings) wait until it is let go, and senders to it are turned away",

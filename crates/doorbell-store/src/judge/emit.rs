@@ -133,6 +133,9 @@ impl Judge {
                     if self.locked_inboxes.remove(&intent.inbox) {
                         tracing::warn!(inbox = %intent.inbox, "the inbox's lock was released: its notices are written");
                     }
+                    if self.unwritable_inboxes.remove(&intent.inbox) {
+                        tracing::warn!(inbox = %intent.inbox, "the inbox takes lines again: its notices are written");
+                    }
                     targets.insert(intent.inbox);
                 }
                 Err(Error::InboxLocked { .. }) => {
@@ -140,8 +143,12 @@ impl Judge {
                         tracing::warn!(inbox = %intent.inbox, "another process holds this inbox's lock (a writer that hangs?): its notices wait, every other inbox is judged");
                     }
                 }
+                // Said once for the inbox, not at every try (every 2 s for as long as it
+                // lasts); `status` says it too.
                 Err(e) => {
-                    tracing::warn!(inbox = %intent.inbox, id = %id, error = %e, "could not write a notice; will try again");
+                    if self.unwritable_inboxes.insert(intent.inbox.clone()) {
+                        tracing::warn!(inbox = %intent.inbox, id = %id, error = %e, "could not write a notice; trying again every few seconds, said once");
+                    }
                 }
             }
         }

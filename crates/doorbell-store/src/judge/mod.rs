@@ -147,6 +147,9 @@ pub struct Judge {
     doubles: BTreeSet<String>,
     /// Inboxes whose lock another process held when a notice was due: warned of once.
     locked_inboxes: BTreeSet<String>,
+    /// Inboxes a notice could not be written to for another reason (a read-only file):
+    /// said once, until a notice is written there.
+    unwritable_inboxes: BTreeSet<String>,
     /// Whether refusal notices to one sender are spaced by the config's `notice_every` (a
     /// long-running judge's: a bot that repeats its mistake gets one notice for a run of
     /// them, not one each).

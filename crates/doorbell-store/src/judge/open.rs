@@ -338,6 +338,7 @@ impl Judge {
             readable_again: false,
             doubles: BTreeSet::new(),
             locked_inboxes: BTreeSet::new(),
+            unwritable_inboxes: BTreeSet::new(),
             spaced: false,
             told_at: HashMap::new(),
             bridge,
