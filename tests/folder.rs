@@ -794,6 +794,30 @@ fn a_held_line_of_a_replaced_inbox_is_judged_and_its_sender_told() {
     daemon.kill();
 }
 
+/// A daemon a restore stopped: it says `said` and exits 1. Then a message is sent, a daemon
+/// started again, and what `web` reads: that message's id, and the ids read, in order.
+fn stopped_and_started_again(
+    bridge: &Bridge,
+    mut daemon: crate::util::Daemon,
+    said: &str,
+) -> (String, Vec<String>) {
+    let patience = std::time::Duration::from_secs(20);
+    daemon.expect_stderr(said, patience);
+    assert_eq!(
+        daemon.wait_exit(patience),
+        Some(1),
+        "stopped, to be started again"
+    );
+    let after = bridge.send("design", "web", "after");
+    let _again = crate::util::Daemon::start(bridge, &[]);
+    let read = bridge
+        .read_json("web", &[])
+        .iter()
+        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    (after, read)
+}
+
 /// `.doorbell/` restored from a backup while the daemon runs: its lock file is a new one,
 /// which any other judge may take. The daemon sees the folder go (or its lock replaced, at
 /// its next sweep), says so and stops (exit 1, so systemd starts it again), rather than
@@ -803,7 +827,7 @@ fn a_held_line_of_a_replaced_inbox_is_judged_and_its_sender_told() {
 fn a_state_folder_restored_under_the_daemon_stops_it() {
     let patience = std::time::Duration::from_secs(20);
     let bridge = Bridge::with_agents(&["web", "design"]);
-    let mut daemon = crate::util::Daemon::start(&bridge, &[]);
+    let daemon = crate::util::Daemon::start(&bridge, &[]);
     let first = bridge.send("design", "web", "one");
     bridge.wait_for(patience, "one judged", |b| b.verdict_count() == 1);
     let state = bridge.dir().join(".doorbell");
@@ -814,19 +838,7 @@ fn a_state_folder_restored_under_the_daemon_stops_it() {
     // The restore: the folder as it was, every file a new one.
     std::fs::remove_dir_all(&state).unwrap();
     copy_folder(&backup, &state);
-    daemon.expect_stderr("while this judge ran", patience);
-    assert_eq!(
-        daemon.wait_exit(patience),
-        Some(1),
-        "stopped, to be started again"
-    );
-    let third = bridge.send("design", "web", "three");
-    let _again = crate::util::Daemon::start(&bridge, &[]);
-    let read: Vec<String> = bridge
-        .read_json("web", &[])
-        .iter()
-        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
-        .collect();
+    let (third, read) = stopped_and_started_again(&bridge, daemon, "while this judge ran");
     assert_eq!(read, [first, second, third]);
 }
 
@@ -840,7 +852,7 @@ fn a_journal_restored_under_the_daemon_with_the_lock_kept_stops_it() {
     let patience = std::time::Duration::from_secs(20);
     for how in ["copied into", "renamed over"] {
         let bridge = Bridge::with_agents(&["web", "design"]);
-        let mut daemon = crate::util::Daemon::start(&bridge, &[]);
+        let daemon = crate::util::Daemon::start(&bridge, &[]);
         let first = bridge.send("design", "web", "one");
         bridge.wait_for(patience, "one judged", |b| b.verdict_count() == 1);
         let journal = bridge.dir().join(".doorbell/journal.jsonl");
@@ -855,16 +867,11 @@ fn a_journal_restored_under_the_daemon_with_the_lock_kept_stops_it() {
             std::fs::copy(&backup, &beside).unwrap();
             std::fs::rename(&beside, &journal).unwrap();
         }
+        // The next line's sweep finds it.
         let third = bridge.send("design", "web", "three");
-        daemon.expect_stderr("was replaced while this judge ran", patience);
-        assert_eq!(daemon.wait_exit(patience), Some(1), "{how}: stopped");
-        let _again = crate::util::Daemon::start(&bridge, &[]);
-        let read: Vec<String> = bridge
-            .read_json("web", &[])
-            .iter()
-            .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
-            .collect();
-        assert_eq!(read, [first, second, third], "{how}");
+        let (after, read) =
+            stopped_and_started_again(&bridge, daemon, "was replaced while this judge ran");
+        assert_eq!(read, [first, second, third, after], "{how}");
         assert!(
             bridge.read_json("design", &[]).is_empty(),
             "{how}: a notice"
@@ -880,26 +887,14 @@ fn a_journal_restored_under_the_daemon_with_the_lock_kept_stops_it() {
 fn a_whole_folder_restored_under_the_daemon_stops_it() {
     let patience = std::time::Duration::from_secs(20);
     let bridge = Bridge::with_agents(&["web", "design"]);
-    let mut daemon = crate::util::Daemon::start(&bridge, &[]);
+    let daemon = crate::util::Daemon::start(&bridge, &[]);
     let first = bridge.send("design", "web", "one");
     bridge.wait_for(patience, "one judged", |b| b.verdict_count() == 1);
     let backup = bridge.tmp.path().join("backup");
     copy_folder(&bridge.dir(), &backup);
     std::fs::remove_dir_all(bridge.dir()).unwrap();
     copy_folder(&backup, &bridge.dir());
-    daemon.expect_stderr("while this judge ran", patience);
-    assert_eq!(
-        daemon.wait_exit(patience),
-        Some(1),
-        "stopped, to be started again"
-    );
-    let second = bridge.send("design", "web", "two");
-    let _again = crate::util::Daemon::start(&bridge, &[]);
-    let read: Vec<String> = bridge
-        .read_json("web", &[])
-        .iter()
-        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
-        .collect();
+    let (second, read) = stopped_and_started_again(&bridge, daemon, "while this judge ran");
     assert_eq!(read, [first, second]);
 }
 
