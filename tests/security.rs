@@ -503,6 +503,17 @@ fn terminal_escapes_in_file_names_reach_no_terminal_raw() {
         status.stderr.contains("web\\u{1b}]0;owned"),
         "the name is said, escaped: {status:?}"
     );
+    // As JSON (for machines, as `read --json` is), the name as it is, escaped by JSON alone.
+    let json: serde_json::Value =
+        serde_json::from_str(bridge.doorbell(&["status", "--json"]).ok()).unwrap();
+    assert!(
+        json["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("web\x1b]0;owned")),
+        "{json}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

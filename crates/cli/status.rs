@@ -59,7 +59,8 @@ fn print_text(status: &Status) -> std::io::Result<()> {
         out!("refused lines: 0")?;
     }
     for warning in &status.warnings {
-        eprintln!("warning: {warning}");
+        // A file's name, a far bridge's error: text from elsewhere, safe for a terminal.
+        eprintln!("warning: {}", crate::output::printable(warning));
     }
     Ok(())
 }

@@ -175,6 +175,10 @@ impl Judging {
     /// Do what `batch` asks, tell the watchers, announce the arrivals. False once judging
     /// must stop (an interrupted sweep).
     fn act(&mut self, mut batch: Batch) -> bool {
+        // Ended (a hint judged on the watch's thread may come after): nothing more.
+        if self.ended.is_some() {
+            return false;
+        }
         // Nothing is read or written there any more: not even to look, as a sweep would
         // (and could make files in a folder being restored).
         if matches!(batch.end, Some(Input::Gone)) {

@@ -343,8 +343,7 @@ pub fn status(view: &mut View) -> Result<Status> {
             .iter()
             .map(|(r, n)| (r.code().to_owned(), *n))
             .collect(),
-        // A file's name, a far bridge's error: text from elsewhere, safe for a terminal.
-        warnings: warnings.iter().map(|w| printable(w)).collect(),
+        warnings,
     })
 }
 
@@ -459,7 +458,8 @@ pub fn markdown(view: &mut View, now: DateTime<Utc>) -> Result<String> {
         }
     }
     for warning in &status.warnings {
-        let _ = writeln!(out, "\n> warning: {warning}");
+        // A file's name, a far bridge's error: text from elsewhere, safe for a terminal.
+        let _ = writeln!(out, "\n> warning: {}", printable(warning));
     }
     Ok(out)
 }

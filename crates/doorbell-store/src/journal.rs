@@ -1138,7 +1138,12 @@ impl JournalWriter {
     /// long as it made it: not when another took its place (a restore renamed over it) or
     /// was copied into it (its length is not what this writer wrote).
     pub fn is_still_ours(&self) -> Result<bool> {
-        let buffered = self.out.as_ref().map_or(0, |out| out.buffer().len() as u64);
+        // A writer given up after a failed write knows no length to compare: the failure's
+        // own path (a reload from the disk) takes it from there.
+        let Some(out) = self.out.as_ref() else {
+            return Ok(true);
+        };
+        let buffered = out.buffer().len() as u64;
         match std::fs::symlink_metadata(&self.path) {
             Ok(now) => {
                 Ok((now.dev(), now.ino()) == self.identity && now.len() == self.len - buffered)

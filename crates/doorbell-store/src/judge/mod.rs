@@ -321,8 +321,9 @@ impl Judge {
         // on after a journal restored under it, it would journal past what the restore
         // left as if that were its own.
         if !self.lock.still_held()? || !self.journal.is_still_ours()? {
+            // Named, never made: the folder may be missing half way through a restore.
             return Err(crate::Error::StateReplaced {
-                dir: self.bridge.state_dir()?,
+                dir: self.bridge.dir().join(crate::bridge::STATE_DIR),
             });
         }
         let mut stats = CatchUp::default();
