@@ -314,6 +314,27 @@ fn answers_come_back_from_a_remote_known_here_under_another_name() {
     assert_eq!(answers[0]["from"], "webb");
     assert_eq!(answers[0]["message"]["parts"][0]["text"], "Friday");
     assert!(debts(&pair.a).is_empty());
+    // web's P.S. after the answer comes across too, as from webb.
+    pair.b
+        .doorbell(&[
+            "send",
+            "--to",
+            "design",
+            "--from",
+            "web",
+            "--kind",
+            "note",
+            "--correlates-to",
+            &id,
+            "P.S. Friday noon",
+        ])
+        .ok();
+    let ps = read_wait(&pair.a, "design");
+    assert_eq!(ps.len(), 1, "{ps:?}");
+    assert_eq!(
+        (&ps[0]["from"], &ps[0]["correlatesTo"]),
+        (&Value::from("webb"), &Value::from(id))
+    );
 }
 
 /// An answer the far station gave that this bridge cannot take (here: its id is taken on

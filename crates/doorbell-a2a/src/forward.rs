@@ -331,12 +331,16 @@ impl Forwarder {
                 {
                     ("CancelTask", json!({ "id": request }))
                 }
-                // A note about a task between the two sides, whichever asked, open or closed:
-                // to the station, naming the task (a closed task takes no new message).
+                // A note about a task between the two sides, to the station, naming the task
+                // (a closed task takes no new message): always about the remote's own task;
+                // about what the remote asked, once it closed here, for the remote's bridge
+                // brings back what the task's history holds only while it is open there (a
+                // note it brought too is told delivered, not written twice).
                 Some(asked)
                     if envelope.kind == Kind::Note
                         && (asked.addressee == self.remote.name
-                            || asked.requester_station() == self.remote.name) =>
+                            || (asked.requester_station() == self.remote.name
+                                && !asked.is_open())) =>
                 {
                     message["referenceTaskIds"] = json!([request]);
                     metadata["kind"] = json!("note");
@@ -351,8 +355,8 @@ impl Forwarder {
                     }
                     ("SendMessage", json!({ "message": message }))
                 }
-                // An answer to what the remote asked: its bridge brings it back from this
-                // bridge's gateway (`bring_back` there).
+                // An answer to what the remote asked, or a note while it is open: its bridge
+                // brings it back from this bridge's gateway (`bring_back` there).
                 Some(asked) if asked.requester_station() == self.remote.name => return Ok(()),
                 // A note about something the remote's bridge does not share: a note, in its
                 // thread.
@@ -448,11 +452,6 @@ impl Forwarder {
         {
             return Ok(());
         }
-        // Only answers: the far station's notes about the task come by its bridge's
-        // forwarder, as every line to a station here does, after the task closed too.
-        if metadata["kind"] != "response" {
-            return Ok(());
-        }
         let Some(id) = message["messageId"].as_str() else {
             return Ok(());
         };
@@ -470,6 +469,7 @@ impl Forwarder {
                 found.inbox
             )));
         }
+        let kind = metadata["kind"].as_str().unwrap_or("note");
         let parts = message["parts"]
             .as_array()
             .map(|parts| {
@@ -485,7 +485,14 @@ impl Forwarder {
         let line = send::Message {
             to: vec![request.requester_station().to_owned()],
             from: Some(self.remote.name.clone()),
-            kind: Some("response".to_owned()),
+            kind: Some(
+                if kind == "response" {
+                    "response"
+                } else {
+                    "note"
+                }
+                .to_owned(),
+            ),
             state: metadata["state"].as_str().map(str::to_owned),
             correlates_to: Some(request.id.clone()),
             context_id: Some(request.context_id.clone()),

@@ -670,7 +670,7 @@ async fn send_message(who: &Who, params: &Value) -> Result<(Sent, Shape), RpcErr
         .ok_or_else(|| RpcError::invalid_params("params.message is required"))?;
     let incoming = proto::incoming(message)?;
     if let Some(claimed) = &incoming.claimed_from {
-        if *claimed != who.caller {
+        if *claimed != who.caller && !known_as(who, claimed) {
             return Err(RpcError::invalid_params(format!(
                 "this token is '{}''s: a message over it cannot be from '{claimed}'",
                 who.caller
@@ -737,6 +737,19 @@ fn send_incoming(
         (None, Some("note")) => {
             let reference = incoming.reference.as_deref();
             let note = note_to(&view, who, reference, incoming.context_id, base)?;
+            // Here already: a bridge that asked brought it back from the task's history,
+            // and its own forwarder sends it too. Delivered, not written twice.
+            if let Some(found) = view.message(&id)? {
+                if is_note_of(&found, who, note.correlates_to.as_deref()) {
+                    let context = note.context_id.clone().unwrap_or_else(|| id.clone());
+                    let placed = send::Placed {
+                        id,
+                        inbox: who.station.clone(),
+                        offset: None,
+                    };
+                    return Ok((None, placed, context));
+                }
+            }
             (None, note)
         }
         (None, Some(_)) => {
@@ -966,6 +979,33 @@ async fn closed(who: &Who, task: &str) -> Option<State> {
         .ok()
         .flatten()
         .filter(|s| s.is_terminal())
+}
+
+/// Whether `found` is the caller's note to the station about `task`.
+fn is_note_of(found: &doorbell_store::view::Found, who: &Who, task: Option<&str>) -> bool {
+    found.inbox == who.station
+        && found.line.as_deref().is_some_and(|line| {
+            doorbell_store::view::envelope_of(line).is_some_and(|envelope| {
+                envelope.from == who.caller
+                    && envelope.kind == doorbell_core::Kind::Note
+                    && envelope.correlates_to.as_deref() == task
+            })
+        })
+}
+
+/// Whether `claimed` is the caller's name on its own bridge: the station its `[[remote]]`'s
+/// url names here. A bridge that this one knows under another name forwards its station's
+/// lines as from that station.
+fn known_as(who: &Who, claimed: &str) -> bool {
+    who.gateway.bridge.config.remotes.iter().any(|remote| {
+        remote.name == who.caller
+            && remote.url.as_deref().is_some_and(|url| {
+                url.split(['?', '#'])
+                    .next()
+                    .and_then(|url| url.trim_end_matches('/').rsplit_once("/a2a/"))
+                    .is_some_and(|(_, name)| name == claimed)
+            })
+    })
 }
 
 /// Whether `found` is `caller`'s cancel of `task` (a retried `CancelTask` finds its own).
