@@ -879,6 +879,30 @@ fn a_journal_restored_under_the_daemon_with_the_lock_kept_stops_it() {
     }
 }
 
+/// The journal restored under the daemon while nothing arrives, a ring due: the ring's own
+/// turn finds it, before it journals the ring past what the restore left.
+#[test]
+fn a_journal_restored_under_the_daemon_is_found_by_a_ring_due_with_nothing_arriving() {
+    let patience = std::time::Duration::from_secs(20);
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    bridge.config("[debts]\nring_after = \"2s\"\n");
+    let mut daemon = crate::util::Daemon::start(&bridge, &[]);
+    let journal = bridge.dir().join(".doorbell/journal.jsonl");
+    let backup = bridge.tmp.path().join("journal.backup");
+    std::fs::copy(&journal, &backup).unwrap();
+    bridge.request("design", "web", "ETA?");
+    bridge.wait_for(patience, "the request judged", |b| b.verdict_count() == 1);
+    std::fs::copy(&backup, &journal).unwrap();
+    daemon.expect_stderr("was replaced while this judge ran", patience);
+    assert_eq!(daemon.wait_exit(patience), Some(1));
+    assert!(
+        !std::fs::read_to_string(bridge.inbox("web"))
+            .unwrap()
+            .contains("\"debt-loop\""),
+        "rung from a journal restored under it"
+    );
+}
+
 /// The whole folder restored from a backup while the daemon runs (`rm -rf`, then the copy
 /// in its place): the watch ended with the folder, so no event would ever come again. The
 /// daemon sees the folder go, stops (exit 1), and started again judges what is there, each

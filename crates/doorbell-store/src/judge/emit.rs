@@ -72,6 +72,8 @@ impl Judge {
     /// refusal not yet told, coalesced per sender (a sender told within the notice spacing
     /// waits for its end). Returns the inboxes written to.
     pub fn emit(&mut self, now: DateTime<Utc>, stats: &mut CatchUp) -> Result<Vec<String>> {
+        // A ring or notice due on a timer, with no line to sweep first: the same check.
+        self.state_is_ours()?;
         let mut targets = BTreeSet::new();
         let mut by_sender: BTreeMap<String, Vec<RefusedLine>> = BTreeMap::new();
         for line in self.snapshot.untold.values() {

@@ -314,18 +314,23 @@ impl Judge {
         self.sweep(&names, now)
     }
 
+    /// Stop when the state folder is no longer this judge's. Judging on into files another
+    /// judge no longer sees would judge every line twice; on after a journal restored under
+    /// it, it would journal past what the restore left as if that were its own.
+    pub(super) fn state_is_ours(&self) -> Result<()> {
+        if self.lock.still_held()? && self.journal.is_still_ours()? {
+            return Ok(());
+        }
+        // Named, never made: the folder may be missing half way through a restore.
+        Err(crate::Error::StateReplaced {
+            dir: self.bridge.dir().join(crate::bridge::STATE_DIR),
+        })
+    }
+
     /// Judge the unjudged lines of `names`. When a line waits for a request that is not in
     /// the ledger, every other inbox is read to its end before the line is refused.
     pub fn sweep(&mut self, names: &[String], now: DateTime<Utc>) -> Result<CatchUp> {
-        // Judging on into files another judge no longer sees would judge every line twice;
-        // on after a journal restored under it, it would journal past what the restore
-        // left as if that were its own.
-        if !self.lock.still_held()? || !self.journal.is_still_ours()? {
-            // Named, never made: the folder may be missing half way through a restore.
-            return Err(crate::Error::StateReplaced {
-                dir: self.bridge.dir().join(crate::bridge::STATE_DIR),
-            });
-        }
+        self.state_is_ours()?;
         let mut stats = CatchUp::default();
         let mut held = HeldLines::default();
         let mut holds = self.holds;
