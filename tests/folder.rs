@@ -1063,6 +1063,14 @@ fn status_says_an_inbox_was_restored_to_an_older_copy() {
         "{}",
         status.stderr
     );
+    // web read nothing of the file replaced: it is told what it will not be shown.
+    assert!(
+        status
+            .stderr
+            .contains("web had not read all of it and is not shown those lines again"),
+        "{}",
+        status.stderr
+    );
     assert!(
         !status.stderr.contains("design's inbox was"),
         "{}",

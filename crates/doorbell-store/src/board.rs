@@ -130,8 +130,22 @@ fn new_generation(
     if length < judged_before {
         let _ = write!(
             text,
-            "; it is shorter than what was judged of the file before ({judged_before} bytes, now {length}): lines after the copy it was restored from are no longer in it, and their senders may have to send them again"
+            "; it is shorter than what was judged of the file before ({judged_before} bytes, now {length}): lines after the copy it was restored from are no longer in it (a rotation keeps them in the old file, such as {name}-inbox.jsonl.1)"
         );
+        // Whether its reader had read the file replaced to the end.
+        let unread = match journal.unread_from {
+            Some(crate::journal::Unread::All) => true,
+            Some(crate::journal::Unread::From(offset)) => offset < judged_before,
+            None => false,
+        };
+        if unread {
+            let _ = write!(
+                text,
+                "; {name} had not read all of it and is not shown those lines again: read them there, or ask their senders to send them again"
+            );
+        } else {
+            let _ = write!(text, ", and their senders may have to send them again");
+        }
     }
     Some(text)
 }
