@@ -1032,6 +1032,35 @@ fn an_inbox_restored_to_an_older_copy_tells_no_sender_twice_of_the_same_refused_
 /// `status` says when an inbox began a new generation, and when the file is shorter than
 /// what was judged of the one before: messages after the backup are gone from it, which a
 /// person should know rather than find in the daemon's log.
+/// A message read before its inbox was rewritten (`sed -i 1d`: a new file in its place):
+/// `show` says it was read, in an earlier file of the inbox, as `status` and `read` agree;
+/// not "not read yet" at a byte the new file holds another line at.
+#[test]
+fn show_says_a_message_read_before_its_inbox_was_rewritten_was_read_there() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let ids: Vec<String> = (1..=3)
+        .map(|n| bridge.send("design", "web", &format!("m{n}")))
+        .collect();
+    assert_eq!(bridge.read_json("web", &[]).len(), 3);
+    let inbox = bridge.inbox("web");
+    let text = std::fs::read_to_string(&inbox).unwrap();
+    let rewritten = bridge.dir().join(".web-inbox.sed");
+    std::fs::write(&rewritten, text.split_once('\n').unwrap().1).unwrap();
+    std::fs::rename(&rewritten, &inbox).unwrap();
+    assert!(bridge.read_json("web", &[]).is_empty(), "read before");
+    let shown: serde_json::Value =
+        serde_json::from_str(bridge.doorbell(&["show", &ids[1], "--json"]).ok()).unwrap();
+    assert_eq!(shown["read"], true, "{shown}");
+    let text = bridge.doorbell(&["show", &ids[1]]);
+    assert!(
+        text.ok()
+            .contains("in an earlier file of web-inbox.jsonl (replaced since),"),
+        "{}",
+        text.stdout
+    );
+    assert!(!text.stdout.contains("not read yet"), "{}", text.stdout);
+}
+
 #[test]
 fn status_says_an_inbox_was_restored_to_an_older_copy() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);

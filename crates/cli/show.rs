@@ -47,6 +47,23 @@ struct Shown<'a> {
     envelope: Option<&'a RawValue>,
 }
 
+/// Where the line is: its inbox's file, or an earlier one (replaced since), and its byte.
+fn where_it_is(view: &doorbell_store::View, found: &doorbell_store::view::Found) -> String {
+    let earlier = view
+        .inboxes()
+        .get(&found.inbox)
+        .is_some_and(|journal| journal.gen > found.gen);
+    let (file, since) = if earlier {
+        ("an earlier file of ", " (replaced since),")
+    } else {
+        ("", "")
+    };
+    format!(
+        "in {file}{}-inbox.jsonl{since} at byte {}",
+        found.inbox, found.offset
+    )
+}
+
 /// When the addressee closed `request` with its answer (not a cancel, not a `working`).
 fn answered_at(request: &doorbell_core::Request) -> Option<chrono::DateTime<Utc>> {
     use doorbell_core::State::{Completed, Failed, Rejected};
@@ -113,7 +130,7 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
             .map(|r| format!(" ({r}: {})", output::printable(shown.detail.unwrap_or(""))))
             .unwrap_or_default()
     )?;
-    out!("  in {}-inbox.jsonl at byte {}", shown.inbox, shown.offset)?;
+    out!("  {}", where_it_is(&view, &record))?;
     if let Some(at) = &shown.delivered_at {
         out!(
             "  delivered {at}; {}",

@@ -390,6 +390,10 @@ impl View {
         let Some(journal) = self.snapshot.inboxes.get(agent) else {
             return false;
         };
+        // In the file the current one replaced: read when its reader had passed it then.
+        if gen.checked_add(1) == Some(journal.gen) {
+            return matches!(journal.unread_from, Some(crate::journal::Unread::From(from)) if offset < from);
+        }
         let Some(file) = self.current_file(agent, journal) else {
             return false;
         };
