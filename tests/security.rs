@@ -472,6 +472,68 @@ fn hostile_inbox_file_names_are_never_read_as_inboxes() {
     assert!(!bridge.tmp.path().join("b-inbox.jsonl").exists());
 }
 
+/// An inbox file made by hand for a name no station may have (a built-in loop's, `all`) makes
+/// no station: nothing reads it, `status` says so, a request to it or from it is refused,
+/// and a broadcast goes to the stations only (before: `bridge` became a station owing debts
+/// no loop could pay).
+#[test]
+fn inbox_files_for_reserved_names_make_no_station() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    for name in ["all", "bridge", "debt-loop"] {
+        std::fs::write(bridge.inbox(name), "").unwrap();
+    }
+    let to_bridge = line("01TOBRIDGE", "design", "bridge", "request", "");
+    bridge.append_raw("bridge", format!("{to_bridge}\n").as_bytes());
+    let from_all = line("01FROMALL", "all", "web", "request", "");
+    bridge.append_raw("web", format!("{from_all}\n").as_bytes());
+    let sent = bridge.doorbell(&[
+        "send", "--from", "design", "--to", "all", "--kind", "request", "who?",
+    ]);
+    let stations: BTreeSet<&str> = sent
+        .ok()
+        .lines()
+        .filter_map(|id| id.rsplit_once('.').map(|(_, station)| station))
+        .collect();
+    assert_eq!(stations, BTreeSet::from(["web", "human"]));
+    once(&bridge, &[]);
+    let debtors: BTreeSet<String> =
+        serde_json::from_str::<serde_json::Value>(bridge.doorbell(&["debts", "--json"]).ok())
+            .unwrap()["debts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["debtor"].as_str().unwrap().to_owned())
+            .collect();
+    assert_eq!(
+        debtors,
+        BTreeSet::from(["web".to_owned(), "human".to_owned()])
+    );
+    let judged: BTreeSet<String> = bridge.verdicts().into_iter().map(|v| v.0).collect();
+    assert!(
+        !judged.contains("bridge"),
+        "a reserved inbox was read: {judged:?}"
+    );
+    assert!(
+        bridge
+            .verdicts()
+            .iter()
+            .any(|v| v.0 == "web" && v.2 == "refused"),
+        "the request from 'all' was accepted"
+    );
+    let status = bridge.doorbell(&["status"]);
+    assert!(
+        status
+            .stderr
+            .contains("bridge-inbox.jsonl is no inbox and nothing reads it"),
+        "{}",
+        status.stderr
+    );
+    for to in ["all", "bridge"] {
+        let script = bridge.script(&["--to", to, "--from", "design", "hi"], None);
+        assert_eq!(script.code, 2, "{to}: {script:?}");
+    }
+}
+
 /// A file name is chosen by whoever can write in the folder: its terminal escapes never
 /// reach the terminal raw, in a log line, a warning, the board, or an error.
 #[test]

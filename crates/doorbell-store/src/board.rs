@@ -259,6 +259,10 @@ fn files_nothing_reads(bridge: &Bridge) -> Result<Vec<String>> {
             Stray::NotRegular(path) => {
                 format!("{} is not a regular file and is refused", path.display())
             }
+            Stray::Reserved(path) => format!(
+                "{} is no inbox and nothing reads it: its name is a built-in loop's or 'all', which no station may have",
+                path.display()
+            ),
             Stray::NearMiss {
                 path,
                 meant: Some(inbox),

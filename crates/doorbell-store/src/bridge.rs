@@ -177,7 +177,7 @@ impl Bridge {
             .into_iter()
             .filter_map(|file| match file {
                 Stray::NotRegular(path) => Some(path),
-                Stray::NearMiss { .. } => None,
+                Stray::Reserved(_) | Stray::NearMiss { .. } => None,
             })
             .collect())
     }
@@ -197,6 +197,13 @@ impl Bridge {
                 if !entry.file_type().is_ok_and(|t| t.is_file()) {
                     found.push(Stray::NotRegular(entry.path()));
                 }
+                continue;
+            }
+            if name
+                .strip_suffix(INBOX_SUFFIX)
+                .is_some_and(is_reserved_name)
+            {
+                found.push(Stray::Reserved(entry.path()));
                 continue;
             }
             let Some(meant) = near_miss(&name) else {
@@ -375,7 +382,12 @@ impl Bridge {
 pub fn inbox_name(file_name: &str) -> Option<&str> {
     file_name
         .strip_suffix(INBOX_SUFFIX)
-        .filter(|name| is_agent_name(name))
+        .filter(|name| is_agent_name(name) && !is_reserved_name(name))
+}
+
+/// A name no station may have: a built-in loop's, or `all` (every station).
+fn is_reserved_name(name: &str) -> bool {
+    name == "all" || doorbell_core::BUILTIN_LOOPS.contains(&name)
 }
 
 /// An entry of the bridge folder that looks like an inbox and that nothing reads.
@@ -383,6 +395,8 @@ pub fn inbox_name(file_name: &str) -> Option<&str> {
 pub enum Stray {
     /// Named like an inbox, not a regular file (a symlink, FIFO, device): refused.
     NotRegular(PathBuf),
+    /// Named like the inbox of a name no station may have (a built-in loop, `all`).
+    Reserved(PathBuf),
     /// A file with bytes, named close to an inbox; `meant` is the inbox it was likely meant
     /// to be, when that name is a valid one.
     NearMiss {
@@ -394,7 +408,7 @@ pub enum Stray {
 impl Stray {
     pub fn path(&self) -> &Path {
         match self {
-            Stray::NotRegular(path) | Stray::NearMiss { path, .. } => path,
+            Stray::NotRegular(path) | Stray::Reserved(path) | Stray::NearMiss { path, .. } => path,
         }
     }
 }

@@ -276,6 +276,9 @@ impl Judge {
                 Stray::NotRegular(path) => {
                     tracing::warn!(path = %path.display(), "refusing an inbox that is not a regular file");
                 }
+                Stray::Reserved(path) => {
+                    tracing::warn!(path = %path.display(), "a file named as the inbox of a built-in loop or 'all' is no inbox: nothing reads it");
+                }
                 Stray::NearMiss { path, meant } => {
                     tracing::warn!(path = %path.display(), meant = meant.as_deref().unwrap_or("-"), "a file named close to an inbox is no inbox: nothing reads it");
                 }
