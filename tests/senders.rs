@@ -913,3 +913,60 @@ fn both_senders_refuse_what_the_judge_would_and_nothing_else() {
     // Each kind of end must occur, or the cases test less than they seem to.
     assert!(ends.sent > 0 && ends.refused > 0, "a one-sided run");
 }
+
+/// `--reply-by` times out of range (a month 13, a 30 February, hour 29, offset +29:00, a
+/// duration past the year 9999) are refused by both senders, as the judge refuses them;
+/// times in range (a leap day, a leap second, an offset) are sent by both and accepted.
+#[test]
+fn both_senders_refuse_a_reply_by_the_judge_would_and_send_the_rest() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let send = |sender: &str, reply_by: &str| -> Run {
+        let args = [
+            "--from",
+            "design",
+            "--to",
+            "web",
+            "--kind",
+            "request",
+            "--reply-by",
+            reply_by,
+            "hi",
+        ];
+        if sender == "binary" {
+            let mut full = vec!["send"];
+            full.extend(args);
+            bridge.doorbell(&full)
+        } else {
+            bridge.script(&args, None)
+        }
+    };
+    for bad in [
+        "2026-13-01T00:00:00Z",
+        "2026-02-30T00:00:00Z",
+        "2026-01-01T29:00:00Z",
+        "2026-01-01T10:00:00+29:00",
+        "3000000d",
+    ] {
+        for sender in ["binary", "script"] {
+            let run = send(sender, bad);
+            assert_eq!(run.code, 2, "{sender} {bad}: {run:?}");
+        }
+    }
+    let mut ids = Vec::new();
+    for good in [
+        "2028-02-29T10:00:00Z",
+        "2026-12-31T23:59:60Z",
+        "2026-02-28T10:00:00+05:30",
+        "2h",
+    ] {
+        for sender in ["binary", "script"] {
+            let run = send(sender, good);
+            assert_eq!(run.code, 0, "{sender} {good}: {run:?}");
+            ids.push(run.stdout.trim().to_owned());
+        }
+    }
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    for id in &ids {
+        assert_eq!(verdict_of(&bridge, id).0, "accepted", "{id}");
+    }
+}
