@@ -970,3 +970,38 @@ fn both_senders_refuse_a_reply_by_the_judge_would_and_send_the_rest() {
         assert_eq!(verdict_of(&bridge, id).0, "accepted", "{id}");
     }
 }
+
+/// The shell sender holds a line to the judge's limit, as the daemon publishes it (not a
+/// fixed 1 MiB), measured without its newline as the judge measures it: over is refused by
+/// both senders; exactly at it is sent by both and accepted.
+#[test]
+fn both_senders_hold_a_line_to_the_judges_limit_and_no_less() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    bridge.config("max_line_bytes = 2000\n");
+    // The judge publishes its names and limit.
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let over = "x".repeat(1950);
+    let script = bridge.script(
+        &["--from", "design", "--to", "web", "-"],
+        Some(over.as_bytes()),
+    );
+    assert_eq!(script.code, 2, "{script:?}");
+    let binary = bridge.doorbell_stdin(
+        &["send", "--from", "design", "--to", "web", "-"],
+        over.as_bytes(),
+    );
+    assert_eq!(binary.code, 2, "{binary:?}");
+    // A line of exactly the limit: the envelope around one letter, measured, then filled.
+    let small = bridge.script(&["--from", "design", "--to", "web", "x"], None);
+    assert_eq!(small.code, 0, "{small:?}");
+    let around = bridge.lines("web").last().unwrap().len() - 1;
+    let exact = "y".repeat(2000 - around);
+    let script = bridge.script(
+        &["--from", "design", "--to", "web", "-"],
+        Some(exact.as_bytes()),
+    );
+    assert_eq!(script.code, 0, "{script:?}");
+    assert_eq!(bridge.lines("web").last().unwrap().len(), 2000);
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    assert_eq!(verdict_of(&bridge, script.stdout.trim()).0, "accepted");
+}
