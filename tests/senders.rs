@@ -940,29 +940,24 @@ fn both_senders_refuse_a_reply_by_the_judge_would_and_send_the_rest() {
             bridge.script(&args, None)
         }
     };
-    for bad in [
-        "2026-13-01T00:00:00Z",
-        "2026-02-30T00:00:00Z",
-        "2026-01-01T29:00:00Z",
-        "2026-01-01T10:00:00+29:00",
-        "3000000d",
-    ] {
-        for sender in ["binary", "script"] {
-            let run = send(sender, bad);
-            assert_eq!(run.code, 2, "{sender} {bad}: {run:?}");
-        }
-    }
     let mut ids = Vec::new();
-    for good in [
-        "2028-02-29T10:00:00Z",
-        "2026-12-31T23:59:60Z",
-        "2026-02-28T10:00:00+05:30",
-        "2h",
+    for (reply_by, code) in [
+        ("2026-13-01T00:00:00Z", 2),
+        ("2026-02-30T00:00:00Z", 2),
+        ("2026-01-01T29:00:00Z", 2),
+        ("2026-01-01T10:00:00+29:00", 2),
+        ("3000000d", 2),
+        ("2028-02-29T10:00:00Z", 0),
+        ("2026-12-31T23:59:60Z", 0),
+        ("2026-02-28T10:00:00+05:30", 0),
+        ("2h", 0),
     ] {
         for sender in ["binary", "script"] {
-            let run = send(sender, good);
-            assert_eq!(run.code, 0, "{sender} {good}: {run:?}");
-            ids.push(run.stdout.trim().to_owned());
+            let run = send(sender, reply_by);
+            assert_eq!(run.code, code, "{sender} {reply_by}: {run:?}");
+            if code == 0 {
+                ids.push(run.stdout.trim().to_owned());
+            }
         }
     }
     bridge.doorbell(&["daemon", "--once"]).ok();
