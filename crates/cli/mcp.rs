@@ -519,7 +519,7 @@ fn show(bridge: &Bridge, id: &str, from: usize) -> anyhow::Result<Value> {
             "no message '{id}' in the journal (ids are in read's results)"
         )));
     };
-    let envelope = found.line.as_deref().and_then(envelope_of);
+    let envelope = found.envelope();
     let verdict = match found.verdict {
         doorbell_store::journal::Word::Accepted => "accepted",
         doorbell_store::journal::Word::Duplicate => "duplicate",

@@ -132,14 +132,7 @@ struct Forwarder {
 /// the far bridge writes as the `from` of its station's answers. This bridge may know it
 /// under another name (the `[[remote]]`'s).
 fn far_name(remote: &Remote) -> &str {
-    remote
-        .url
-        .split(['?', '#'])
-        .next()
-        .and_then(|url| url.trim_end_matches('/').rsplit_once("/a2a/"))
-        .map(|(_, name)| name)
-        .filter(|name| doorbell_core::is_agent_name(name))
-        .unwrap_or(&remote.name)
+    crate::station_in_url(&remote.url).unwrap_or(&remote.name)
 }
 
 impl Forwarder {
@@ -518,12 +511,11 @@ impl Forwarder {
     /// requester's inbox, from the remote, to the request (when its line is still there).
     fn brought(&self, found: &doorbell_store::view::Found, request: &Request) -> bool {
         found.inbox == request.requester_station()
-            && found.line.as_deref().is_none_or(|line| {
-                doorbell_store::view::envelope_of(line).is_some_and(|envelope| {
+            && (found.line.is_none()
+                || found.envelope().is_some_and(|envelope| {
                     envelope.from == self.remote.name
                         && envelope.correlates_to.as_deref() == Some(request.id.as_str())
-                })
-            })
+                }))
     }
 
     /// One JSON-RPC call to the far gateway.

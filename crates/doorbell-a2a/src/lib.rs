@@ -14,6 +14,17 @@ pub mod server;
 
 pub use server::{bind, make_remote_inboxes, serve, Gateway};
 
+/// The station a gateway URL names (`http://host:port/a2a/<station>`), when it names a valid
+/// one: a remote's name on its own bridge.
+#[must_use]
+pub fn station_in_url(url: &str) -> Option<&str> {
+    url.split(['?', '#'])
+        .next()
+        .and_then(|url| url.trim_end_matches('/').rsplit_once("/a2a/"))
+        .map(|(_, name)| name)
+        .filter(|name| doorbell_core::is_agent_name(name))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]

@@ -984,12 +984,10 @@ async fn closed(who: &Who, task: &str) -> Option<State> {
 /// Whether `found` is the caller's note to the station about `task`.
 fn is_note_of(found: &doorbell_store::view::Found, who: &Who, task: Option<&str>) -> bool {
     found.inbox == who.station
-        && found.line.as_deref().is_some_and(|line| {
-            doorbell_store::view::envelope_of(line).is_some_and(|envelope| {
-                envelope.from == who.caller
-                    && envelope.kind == doorbell_core::Kind::Note
-                    && envelope.correlates_to.as_deref() == task
-            })
+        && found.envelope().is_some_and(|envelope| {
+            envelope.from == who.caller
+                && envelope.kind == doorbell_core::Kind::Note
+                && envelope.correlates_to.as_deref() == task
         })
 }
 
@@ -999,23 +997,16 @@ fn is_note_of(found: &doorbell_store::view::Found, who: &Who, task: Option<&str>
 fn known_as(who: &Who, claimed: &str) -> bool {
     who.gateway.bridge.config.remotes.iter().any(|remote| {
         remote.name == who.caller
-            && remote.url.as_deref().is_some_and(|url| {
-                url.split(['?', '#'])
-                    .next()
-                    .and_then(|url| url.trim_end_matches('/').rsplit_once("/a2a/"))
-                    .is_some_and(|(_, name)| name == claimed)
-            })
+            && remote.url.as_deref().and_then(crate::station_in_url) == Some(claimed)
     })
 }
 
 /// Whether `found` is `caller`'s cancel of `task` (a retried `CancelTask` finds its own).
 fn is_cancel_of(found: &doorbell_store::view::Found, task: &str, caller: &str) -> bool {
-    found.line.as_deref().is_some_and(|line| {
-        doorbell_store::view::envelope_of(line).is_some_and(|envelope| {
-            envelope.from == caller
-                && envelope.correlates_to.as_deref() == Some(task)
-                && envelope.state == Some(doorbell_core::State::Canceled)
-        })
+    found.envelope().is_some_and(|envelope| {
+        envelope.from == caller
+            && envelope.correlates_to.as_deref() == Some(task)
+            && envelope.state == Some(doorbell_core::State::Canceled)
     })
 }
 

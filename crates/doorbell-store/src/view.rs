@@ -59,6 +59,14 @@ pub struct Found {
     pub read: bool,
 }
 
+impl Found {
+    /// The envelope, parsed from the line, when its file still holds it.
+    #[must_use]
+    pub fn envelope(&self) -> Option<Envelope<'_>> {
+        envelope_of(self.line.as_deref()?)
+    }
+}
+
 /// An accepted message and its line.
 #[derive(Debug, Clone)]
 pub struct Message {
