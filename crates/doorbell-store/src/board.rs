@@ -202,15 +202,15 @@ fn locked_with_lines_waiting(bridge: &Bridge, name: &str, waiting: usize) -> Opt
             match crate::append::open_inbox(&bridge.inbox_path(name).ok()?, true) {
                 Ok(_) => None,
                 Err(error) => Some(format!(
-                    "{name}'s inbox cannot be written ({error}): {waiting} line{} the bridge wrote for it (notices, rings) wait until it can",
-                    if waiting == 1 { "" } else { "s" }
+                    "{name}'s inbox cannot be written ({error}): {} the bridge wrote for it (notices, rings) wait until it can",
+                    plural(waiting, "line", "lines")
                 )),
             }
         }
         Err(std::fs::TryLockError::WouldBlock) => Some(format!(
-            "{name}'s inbox is locked by another process ({}): {waiting} line{} the bridge wrote for it (notices, rings) wait until it is let go, and senders to it are turned away",
+            "{name}'s inbox is locked by another process ({}): {} the bridge wrote for it (notices, rings) wait until it is let go, and senders to it are turned away",
             crate::lock::flock_holder(&file).unwrap_or_else(|| "which, this process cannot see".to_owned()),
-            if waiting == 1 { "" } else { "s" }
+            plural(waiting, "line", "lines")
         )),
         Err(std::fs::TryLockError::Error(_)) => None,
     }

@@ -387,7 +387,7 @@ pub fn inbox_name(file_name: &str) -> Option<&str> {
 
 /// A name no station may have: a built-in loop's, or `all` (every station).
 fn is_reserved_name(name: &str) -> bool {
-    name == "all" || doorbell_core::BUILTIN_LOOPS.contains(&name)
+    name == "all" || doorbell_core::name::is_builtin_loop(name)
 }
 
 /// An entry of the bridge folder that looks like an inbox and that nothing reads.
