@@ -1,7 +1,8 @@
 //! Catch-up and live judging agree (DESIGN §8.3): generated conversations that cross inboxes
-//! (heartbeats, input-required and the requester's answer, cancels, notes, broadcasts) are
-//! judged once by a judge fed each line as it is appended (`daemon --once` after every line)
-//! and once by a catch-up over the finished files; every line must get the same verdict.
+//! (heartbeats, input-required and the requester's answer, cancels, notes, broadcasts, an id
+//! reused in another inbox) are judged once by a judge fed each line as it is appended
+//! (`daemon --once` after every line) and once by a catch-up over the finished files; every
+//! line must get the same verdict.
 
 use std::collections::BTreeMap;
 
@@ -54,6 +55,8 @@ fn envelope(
 struct Model {
     open: Vec<Open>,
     lines: Vec<Append>,
+    /// How many lines reuse the id of an earlier line, in another inbox.
+    reuses: usize,
 }
 
 impl Model {
@@ -152,9 +155,27 @@ impl Model {
     }
 }
 
-/// The lines a list of choices makes, each valid when it is appended: a new request (or a
-/// broadcast), the addressee's next state, the requester's input or cancel, a note.
-fn conversation(choices: &[(u8, u8, u8)]) -> Vec<Append> {
+impl Model {
+    /// A note to another inbox under the id of an earlier line: refused live as reusing it.
+    fn reuse(&mut self, n: usize, a: u8, b: u8) {
+        let (inbox, line) = &self.lines[a as usize % self.lines.len()];
+        let value: serde_json::Value = serde_json::from_str(line).unwrap();
+        let id = value["id"].as_str().unwrap().to_owned();
+        let to = (0..3)
+            .filter(|&s| STATIONS[s] != inbox)
+            .nth(b as usize % 2)
+            .unwrap();
+        let from = (to + 1 + b as usize / 2 % 2) % 3;
+        self.lines
+            .push(envelope(&id, from, to, "note", "", n * 7, "the same id"));
+        self.reuses += 1;
+    }
+}
+
+/// The lines a list of choices makes, each valid when it is appended (a new request or a
+/// broadcast, the addressee's next state, the requester's input or cancel, a note) but for
+/// notes that reuse an earlier line's id in another inbox; and how many of those there are.
+fn conversation(choices: &[(u8, u8, u8)]) -> (Vec<Append>, usize) {
     let mut model = Model::default();
     for (i, &(what, a, b)) in choices.iter().enumerate() {
         let n = i + 1;
@@ -169,10 +190,11 @@ fn conversation(choices: &[(u8, u8, u8)]) -> Vec<Append> {
         match what % 5 {
             1 | 2 => model.answer(n, request, b),
             3 => model.input_or_cancel(n, request, b),
+            _ if b % 4 == 3 => model.reuse(n, a, b),
             _ => model.note(n, request, b),
         }
     }
-    model.lines
+    (model.lines, model.reuses)
 }
 
 fn is_closed(state: &str) -> bool {
@@ -231,11 +253,24 @@ fn both(lines: &[Append]) -> (Verdicts, Verdicts) {
 }
 
 fn agree(lines: &[Append]) {
+    agree_with_reuses(lines, 0);
+}
+
+/// Live, every line is accepted but the `reuses` that reuse an earlier line's id; a catch-up
+/// gives every line the verdict it got live.
+fn agree_with_reuses(lines: &[Append], reuses: usize) {
     let (live, caught_up) = both(lines);
     assert_eq!(live.len(), lines.len(), "every line judged live");
+    let refused_as_reuses = live
+        .values()
+        .filter(|(v, reason)| v == "refused" && reason.as_deref() == Some("id-reused"))
+        .count();
     assert!(
-        live.values().all(|(v, _)| v == "accepted"),
-        "the generator writes only lines valid when appended: {live:?}"
+        refused_as_reuses == reuses
+            && live
+                .values()
+                .all(|(v, _)| v == "accepted" || v == "refused"),
+        "the generator writes only lines valid when appended, and {reuses} reuses: {live:?}"
     );
     assert_eq!(caught_up, live, "a catch-up over {lines:#?}");
 }
@@ -254,7 +289,8 @@ fn equivalence(cases: u32, max_lines: usize) {
         ..ProptestConfig::default()
     };
     proptest!(config, |(choices in prop::collection::vec((any::<u8>(), any::<u8>(), any::<u8>()), 2..=max_lines))| {
-        agree(&conversation(&choices));
+        let (lines, reuses) = conversation(&choices);
+        agree_with_reuses(&lines, reuses);
     });
 }
 
@@ -303,6 +339,33 @@ fn the_issues_crossing_conversation_is_accepted_by_a_catch_up() {
         ),
     ];
     agree(&lines);
+}
+
+#[test]
+fn an_id_claimed_in_two_inboxes_goes_to_the_line_written_first() {
+    // bob's x1 to cat is written before cat's x1 to ann, and cat's r3 to bob before bob's r3
+    // to ann; ann's inbox is read first. Then bob answers cat's r3.
+    let submitted = r#","state":"submitted""#;
+    let lines = vec![
+        envelope("x1", 1, 2, "note", "", 1, "one"),
+        envelope("x1", 2, 0, "note", "", 2, "two"),
+        envelope("r3", 2, 1, "request", submitted, 3, "ETA?"),
+        envelope("r3", 1, 0, "request", submitted, 4, "the same id"),
+        envelope(
+            "s5",
+            1,
+            2,
+            "response",
+            r#","correlatesTo":"r3","state":"completed""#,
+            5,
+            "Friday",
+        ),
+    ];
+    let (live, caught_up) = both(&lines);
+    assert_eq!(live["cat/x1#0"].0, "accepted", "{live:?}");
+    assert_eq!(live["ann/x1#0"].0, "refused", "{live:?}");
+    assert_eq!(live["cat/s5#0"].0, "accepted", "{live:?}");
+    assert_eq!(caught_up, live);
 }
 
 #[test]

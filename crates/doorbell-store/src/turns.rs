@@ -14,6 +14,10 @@
 //! come waits; it is judged when the one before it has been, or at the end of the sweep,
 //! whatever happened: nothing waits forever. Only the order of judging changes; every line
 //! still gets its verdict from the rules.
+//!
+//! The same goes for an id that lines in more than one inbox claim: the first written gets
+//! it, as it would live, and the others are refused as reusing it, whichever inbox is read
+//! first.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -37,8 +41,8 @@ pub(crate) struct Pending<'a> {
     pub judged: &'a dyn Fn(u64) -> bool,
 }
 
-/// A response seen by the scan: the index of its inbox, its place, its sender's time.
-type Seen = (usize, Place, Option<i64>);
+/// A line seen by the scan: the index of its inbox, its offset, its sender's time.
+type Seen = (usize, u64, Option<i64>);
 
 #[derive(Debug, Default)]
 struct Queue {
@@ -49,15 +53,25 @@ struct Queue {
 /// The turns of one sweep.
 #[derive(Debug, Default)]
 pub(crate) struct Turns {
+    /// By the request whose responses take turns, or by [`id_turn`] of an id claimed in
+    /// several inboxes.
     queues: HashMap<String, Queue>,
-    /// Each line in a turn: the request whose turn it is in, and its place in that queue.
-    at: HashMap<Place, (String, usize)>,
+    /// Each line in a turn: the queues it is in (its request's, its id's), and its place in
+    /// each.
+    at: HashMap<Place, Vec<(String, usize)>>,
+}
+
+/// The queue of the lines that claim `id`: no request's id (ids have no NUL).
+fn id_turn(id: &str) -> String {
+    format!("\0id\0{id}")
 }
 
 /// The top-level fields of a line the turns need, as the judge reads them: a nested
 /// `"kind"` (a data part's) is not the line's, and an escaped one (`"respons\u0065"`) is.
 #[derive(serde::Deserialize)]
 struct Head<'a> {
+    #[serde(borrow)]
+    id: Option<Cow<'a, str>>,
     #[serde(borrow)]
     kind: Option<Cow<'a, str>>,
     #[serde(borrow, rename = "correlatesTo")]
@@ -66,84 +80,190 @@ struct Head<'a> {
     created_at: Option<Cow<'a, str>>,
 }
 
-/// What the turns need of a response line: its request and its sender's time. A line that
-/// names no `response` in its bytes, even escaped, is none, unparsed: notes and requests,
-/// most lines of a backlog, cost one search.
-fn response_of(line: &[u8]) -> Option<(String, Option<i64>)> {
-    if memmem::find(line, b"response").is_none() && memmem::find(line, b"\\u").is_none() {
-        return None;
-    }
+/// What the turns need of a line.
+struct LineHead<'a> {
+    id: Option<Cow<'a, str>>,
+    /// Its request, when it is a response.
+    request: Option<String>,
+    /// Its sender's time.
+    at: Option<i64>,
+}
+
+/// What the turns need of a line; a line that is not JSON is none.
+fn head_of(line: &[u8]) -> Option<LineHead<'_>> {
     let head: Head<'_> = serde_json::from_slice(line).ok()?;
-    if head.kind.as_deref() != Some("response") {
-        return None;
-    }
-    let request = head.correlates_to?.into_owned();
+    let request = match head.kind.as_deref() {
+        Some("response") => head.correlates_to.map(Cow::into_owned),
+        _ => None,
+    };
     let at = head
         .created_at
         .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
         .map(|t| t.timestamp_millis());
-    Some((request, at))
+    Some(LineHead {
+        id: head.id,
+        request,
+        at,
+    })
+}
+
+/// The places of `lines`, in the order they take turns: by their senders' times, each
+/// inbox's times made never to go back, so that sorting by them keeps every inbox's own
+/// order; a line without a time takes the one before it.
+fn in_turn_order(inboxes: &[Pending<'_>], lines: Vec<Seen>) -> Vec<Place> {
+    let mut latest: HashMap<usize, i64> = HashMap::new();
+    let mut keyed: Vec<(i64, usize, u64)> = lines
+        .into_iter()
+        .map(|(index, offset, at)| {
+            let last = latest.entry(index).or_insert(i64::MIN);
+            *last = (*last).max(at.unwrap_or(i64::MIN));
+            (*last, index, offset)
+        })
+        .collect();
+    keyed.sort_by_key(|(at, _, _)| *at);
+    keyed
+        .into_iter()
+        .map(|(_, index, offset)| {
+            let inbox = &inboxes[index];
+            (inbox.name.to_owned(), inbox.gen, offset)
+        })
+        .collect()
+}
+
+/// The id of a line that begins with it, as doorbell's senders write lines, without parsing
+/// the rest: most lines of a backlog claim an id and are nothing else to the turns. `None`
+/// when the line begins otherwise or the id is escaped.
+fn leading_id(line: &[u8]) -> Option<&str> {
+    let rest = line.strip_prefix(br#"{"id":""#)?;
+    let end = memchr::memchr(b'"', rest)?;
+    let id = &rest[..end];
+    if id.contains(&b'\\') {
+        return None;
+    }
+    std::str::from_utf8(id).ok()
+}
+
+/// The sender's time of the line of `len` bytes at `offset`, read again.
+fn time_at(file: &File, offset: u64, len: usize) -> Option<i64> {
+    use std::os::unix::fs::FileExt;
+    let mut bytes = vec![0; len];
+    file.read_exact_at(&mut bytes, offset).ok()?;
+    head_of(&bytes)?.at
+}
+
+/// Whether `lines` come from more than one inbox.
+fn cross(lines: &[Seen]) -> bool {
+    lines.iter().any(|(index, _, _)| *index != lines[0].0)
 }
 
 impl Turns {
-    /// Read what waits in each inbox and give the responses of each request answered from
-    /// more than one of them their turns. A file that cannot be read gives no turns.
+    /// Read what waits in each inbox and give turns to the responses of each request
+    /// answered from more than one of them, and to the lines of each id claimed in more than
+    /// one. A file that cannot be read gives no turns.
     pub fn scan(inboxes: &[Pending<'_>], max_line_bytes: usize) -> Turns {
-        // Per request: each response's inbox (its index), place and time, in reading order.
-        let mut found: HashMap<String, Vec<Seen>> = HashMap::new();
+        // Per request: each response's inbox, offset and time, in reading order.
+        let mut responses: HashMap<String, Vec<Seen>> = HashMap::new();
+        // Per id (its hash, so that a backlog's ids are not all copied): the first inbox that
+        // claims it, and whether another does too; and every line's id hash, inbox, offset
+        // and length, in order.
+        let mut claimed: HashMap<u64, (usize, bool)> = HashMap::new();
+        let mut several: HashMap<u64, String> = HashMap::new();
+        let mut lines: Vec<(u64, usize, u64, usize)> = Vec::new();
         let mut reader = LineReader::new(max_line_bytes);
         for (index, pending) in inboxes.iter().enumerate() {
             let _ = reader.read(&pending.file, pending.from, |line| -> std::io::Result<()> {
-                if let Line::Complete { offset, bytes } = line {
-                    if let Some((request, at)) = response_of(bytes) {
-                        if !(pending.judged)(offset) {
-                            let place = (pending.name.to_owned(), pending.gen, offset);
-                            found.entry(request).or_default().push((index, place, at));
-                        }
-                    }
+                let Line::Complete { offset, bytes } = line else {
+                    return Ok(());
+                };
+                if (pending.judged)(offset) {
+                    return Ok(());
                 }
+                // Only a line that names a response, even escaped, is parsed whole.
+                let named = memmem::find(bytes, b"response").is_some()
+                    || memmem::find(bytes, b"\\u").is_some();
+                let id = match leading_id(bytes) {
+                    Some(id) if !named => Cow::Borrowed(id),
+                    _ => {
+                        let Some(head) = head_of(bytes) else {
+                            return Ok(());
+                        };
+                        if let Some(request) = head.request {
+                            responses
+                                .entry(request)
+                                .or_default()
+                                .push((index, offset, head.at));
+                        }
+                        let Some(id) = head.id else {
+                            return Ok(());
+                        };
+                        id
+                    }
+                };
+                let hash = xxhash_rust::xxh3::xxh3_64(id.as_bytes());
+                let first = claimed.entry(hash).or_insert((index, false));
+                if first.0 != index && !first.1 {
+                    first.1 = true;
+                    several.insert(hash, id.into_owned());
+                }
+                lines.push((hash, index, offset, bytes.len()));
                 Ok(())
             });
         }
+        // The lines of the ids claimed in several inboxes, with their times (read again: they
+        // are few).
+        let mut by_id: HashMap<String, Vec<Seen>> = HashMap::new();
+        for (hash, index, offset, len) in lines {
+            if let Some(id) = several.get(&hash) {
+                let at = time_at(&inboxes[index].file, offset, len);
+                by_id
+                    .entry(id_turn(id))
+                    .or_default()
+                    .push((index, offset, at));
+            }
+        }
         let mut turns = Turns::default();
-        for (request, lines) in found {
-            if lines.iter().all(|(index, _, _)| *index == lines[0].0) {
-                continue;
-            }
-            // Each inbox's times made never to go back, so that sorting by them keeps every
-            // inbox's own order; a line without a time takes the one before it.
-            let mut latest: HashMap<usize, i64> = HashMap::new();
-            let mut keyed: Vec<(i64, Place)> = lines
-                .into_iter()
-                .map(|(index, place, at)| {
-                    let last = latest.entry(index).or_insert(i64::MIN);
-                    *last = (*last).max(at.unwrap_or(i64::MIN));
-                    (*last, place)
-                })
-                .collect();
-            keyed.sort_by_key(|(at, _)| *at);
-            let lines: Vec<Place> = keyed.into_iter().map(|(_, place)| place).collect();
+        let queues = responses
+            .into_iter()
+            .filter(|(_, lines)| cross(lines))
+            .chain(by_id);
+        for (key, lines) in queues {
+            let lines = in_turn_order(inboxes, lines);
             for (position, place) in lines.iter().enumerate() {
-                turns.at.insert(place.clone(), (request.clone(), position));
+                turns
+                    .at
+                    .entry(place.clone())
+                    .or_default()
+                    .push((key.clone(), position));
             }
-            turns.queues.insert(request, Queue { lines, next: 0 });
+            turns.queues.insert(key, Queue { lines, next: 0 });
         }
         turns
     }
 
-    /// Whether the line at `place` may be judged now: it takes no turn, or its turn came.
+    /// Whether the line at `place` may be judged now: it takes no turn, or its turn came in
+    /// every queue it is in.
     pub fn may_judge(&self, place: &Place) -> bool {
-        let Some((request, _)) = self.at.get(place) else {
-            return true;
-        };
-        let queue = &self.queues[request];
-        queue.lines.get(queue.next) == Some(place)
+        self.at.get(place).is_none_or(|turns| {
+            turns.iter().all(|(key, _)| {
+                let queue = &self.queues[key];
+                queue.lines.get(queue.next) == Some(place)
+            })
+        })
     }
 
-    /// A response the scan did not see (appended since, or one it could not read without
-    /// parsing) to `request`, at `place`: it joins the end of the request's turns when a line
-    /// of its own inbox still waits there, so that it never passes one written before it.
-    /// Returns whether it must wait.
+    /// Whether the line at `place` takes its turn among the lines that claim `id`: then its
+    /// turn, not the lines before it that wait, decides when it claims the id.
+    pub fn claims_in_turn(&self, place: &Place, id: &str) -> bool {
+        let key = id_turn(id);
+        self.at
+            .get(place)
+            .is_some_and(|turns| turns.iter().any(|(k, _)| *k == key))
+    }
+
+    /// A response the scan did not see (appended since, or one it could not read) to
+    /// `request`, at `place`: it joins the end of the request's turns when a line of its own
+    /// inbox still waits there, so that it never passes one written before it. Returns
+    /// whether it must wait.
     pub fn join(&mut self, place: &Place, request: &str) -> bool {
         if self.at.contains_key(place) {
             return !self.may_judge(place);
@@ -156,26 +276,52 @@ impl Turns {
             return false;
         }
         self.at
-            .insert(place.clone(), (request.to_owned(), queue.lines.len()));
+            .entry(place.clone())
+            .or_default()
+            .push((request.to_owned(), queue.lines.len()));
         queue.lines.push(place.clone());
         true
     }
 
-    /// The line at `place` was judged: its request's turn moves on. Returns the place whose
-    /// turn it is now.
-    pub fn judged(&mut self, place: &Place) -> Option<Place> {
-        let (request, _) = self.at.remove(place)?;
-        let queue = self.queues.get_mut(&request)?;
-        if queue.lines.get(queue.next) == Some(place) {
-            queue.next += 1;
+    /// The line at `place` was judged: the queues it was in move on. Returns the places
+    /// whose turn it is now.
+    pub fn judged(&mut self, place: &Place) -> Vec<Place> {
+        let Some(turns) = self.at.remove(place) else {
+            return Vec::new();
+        };
+        let mut next = Vec::new();
+        for (key, _) in turns {
+            let Some(queue) = self.queues.get_mut(&key) else {
+                continue;
+            };
+            if queue.lines.get(queue.next) == Some(place) {
+                queue.next += 1;
+            }
+            next.extend(queue.lines.get(queue.next).cloned());
         }
-        queue.lines.get(queue.next).cloned()
+        next
     }
 
-    /// Where `place` stands among the waiting: its request and its turn, for judging what
-    /// still waits at the end of a sweep in the order of the turns.
+    /// The lines before `place` in its turns that were not judged in turn.
+    pub fn before(&self, place: &Place) -> std::collections::HashSet<Place> {
+        let Some(turns) = self.at.get(place) else {
+            return std::collections::HashSet::new();
+        };
+        turns
+            .iter()
+            .filter_map(|(key, position)| {
+                let queue = self.queues.get(key)?;
+                queue.lines.get(queue.next..*position)
+            })
+            .flatten()
+            .cloned()
+            .collect()
+    }
+
+    /// Where `place` stands among the waiting: its first queue and its turn there, for
+    /// judging what still waits at the end of a sweep in the order of the turns.
     pub fn order_of(&self, place: &Place) -> Option<(String, usize)> {
-        self.at.get(place).cloned()
+        self.at.get(place).and_then(|turns| turns.first().cloned())
     }
 }
 
@@ -184,19 +330,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_response_is_known_by_its_own_top_level_fields() {
+    fn a_line_is_known_by_its_own_top_level_fields() {
+        let request_of = |line: &[u8]| head_of(line).and_then(|head| head.request);
         let line = br#"{"id":"s2","kind" : "response","correlatesTo":"r1","state":"working","createdAt":"2026-12-01T10:00:00.007Z"}"#;
-        let (request, at) = response_of(line).unwrap();
-        assert_eq!(request, "r1");
-        assert_eq!(at, Some(1_796_119_200_007));
-        assert!(response_of(br#"{"kind":"note","correlatesTo":"r1"}"#).is_none());
-        assert!(response_of(br#"{"kind":"response"}"#).is_none());
+        let head = head_of(line).unwrap();
+        assert_eq!(head.id.as_deref(), Some("s2"));
+        assert_eq!(head.request.as_deref(), Some("r1"));
+        assert_eq!(head.at, Some(1_796_119_200_007));
+        assert!(request_of(br#"{"kind":"note","correlatesTo":"r1"}"#).is_none());
+        assert!(request_of(br#"{"kind":"response"}"#).is_none());
+        assert!(head_of(b"not json").is_none());
         // Escaped, it is the same field; nested, it is another's.
-        let escaped = br#"{"kind":"respons\u0065","correlatesTo":"r\u0031"}"#;
-        assert_eq!(response_of(escaped).unwrap().0, "r1");
-        let nested = br#"{"message":{"parts":[{"type":"data","data":{"kind":"response","createdAt":"2026-12-01T09:00:00Z"}}]},"kind":"note","correlatesTo":"r1"}"#;
-        assert!(response_of(nested).is_none());
+        let escaped = br#"{"id":"\u0073\u0032","kind":"respons\u0065","correlatesTo":"r\u0031"}"#;
+        assert_eq!(request_of(escaped).as_deref(), Some("r1"));
+        assert_eq!(head_of(escaped).unwrap().id.as_deref(), Some("s2"));
+        let nested = br#"{"message":{"parts":[{"type":"data","data":{"kind":"response","id":"x","createdAt":"2026-12-01T09:00:00Z"}}]},"kind":"note","correlatesTo":"r1"}"#;
+        assert!(request_of(nested).is_none());
+        assert!(head_of(nested).unwrap().id.is_none());
         let nested_time = br#"{"message":{"parts":[{"type":"data","data":{"createdAt":"2026-12-01T09:00:00Z"}}]},"kind":"response","correlatesTo":"r1","createdAt":"2026-12-01T10:00:00Z"}"#;
-        assert_eq!(response_of(nested_time).unwrap().1, Some(1_796_119_200_000));
+        assert_eq!(head_of(nested_time).unwrap().at, Some(1_796_119_200_000));
+    }
+
+    #[test]
+    fn a_leading_id_is_taken_only_as_doorbell_writes_it() {
+        assert_eq!(leading_id(br#"{"id":"x1","from":"ann"}"#), Some("x1"));
+        assert_eq!(leading_id(br#"{"id":"\u0078","from":"ann"}"#), None);
+        assert_eq!(leading_id(br#"{"from":"ann","id":"x1"}"#), None);
+        assert_eq!(leading_id(br#"{ "id":"x1"}"#), None);
+        assert_eq!(leading_id(br#"{"id":"x1"#), None);
     }
 }

@@ -391,7 +391,23 @@ impl Judge {
             .map(|(place, line)| (held.turns.order_of(&place), line))
             .collect();
         waiting.sort_by(|a, b| a.0.cmp(&b.0));
-        let lines = waiting.into_iter().map(|(_, line)| line).chain(rest);
+        // A held line that comes before a waiting one in its turns (an id's first claim, held
+        // for its request) is judged before it, as it was written before it.
+        let mut lines = Vec::with_capacity(waiting.len() + rest.len());
+        for (_, line) in waiting {
+            let before = held
+                .turns
+                .before(&(line.inbox.clone(), line.gen, line.offset));
+            if !before.is_empty() {
+                let (first, others) = rest.into_iter().partition(|held: &verdicts::Held| {
+                    before.contains(&(held.inbox.clone(), held.gen, held.offset))
+                });
+                lines.extend::<Vec<_>>(first);
+                rest = others;
+            }
+            lines.push(line);
+        }
+        lines.extend(rest);
         for line in lines {
             self.judge_held(&line, None, now, &mut stats)?;
         }

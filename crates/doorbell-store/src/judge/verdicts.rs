@@ -336,10 +336,12 @@ impl Judge {
             );
             // A line whose id a held line already carries is judged after it, as it was
             // written after it: otherwise a reuse would claim the id first.
+            // Unless its id takes turns: those lines claim it in the order they were written.
             let behind = held
                 .ids
                 .get(&*envelope.id)
                 .filter(|_| held.waiting_ids.get(&*envelope.id) != Some(&place))
+                .filter(|_| !held.turns.claims_in_turn(&place, &envelope.id))
                 .cloned();
             let bucket = match (unknown_request, behind) {
                 (_, Some(request)) => Some(request),
@@ -489,8 +491,8 @@ impl Judge {
         )
     }
 
-    /// The line at `place` was judged: the next response of its conversation, if it waits,
-    /// has its turn. The outermost judging of a line judges what became ready, in a loop.
+    /// The line at `place` was judged: the next line of each of its turns (its conversation's,
+    /// its id's), if it waits, has its turn. The outermost judging of a line judges what became ready, in a loop.
     pub(super) fn next_turn(
         &mut self,
         held: &mut HeldLines,
@@ -498,8 +500,8 @@ impl Judge {
         now: DateTime<Utc>,
         stats: &mut CatchUp,
     ) -> Result<()> {
-        if let Some(next) = held.turns.judged(place) {
-            if held.waiting.contains_key(&next) {
+        for next in held.turns.judged(place) {
+            if held.waiting.contains_key(&next) && held.turns.may_judge(&next) {
                 held.ready.push_back(next);
             }
         }
