@@ -477,6 +477,116 @@ fn hostile_inbox_file_names_are_never_read_as_inboxes() {
 /// and a broadcast goes to the stations only (before: `bridge` became a station owing debts
 /// no loop could pay).
 #[test]
+fn a_file_named_for_a_config_loop_is_no_inbox_and_stops_nothing() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    bridge.config("[[loop]]\nname = \"cron\"\nowner = \"design\"\n");
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let accepted_in_web = |bridge: &Bridge| {
+        bridge
+            .verdicts()
+            .iter()
+            .filter(|v| v.0 == "web" && v.2 == "accepted")
+            .count()
+    };
+    bridge.send("design", "web", "before");
+    bridge.wait_for(Duration::from_secs(10), "the first note", |b| {
+        accepted_in_web(b) == 1
+    });
+    // Anyone who can write to the folder makes one, and writes to it.
+    std::fs::write(bridge.inbox("cron"), "").unwrap();
+    let to_cron = line("01TOCRON", "design", "cron", "request", "");
+    bridge.append_raw("cron", format!("{to_cron}\n").as_bytes());
+    let after = line("01AFTERCRON", "design", "web", "request", "");
+    bridge.append_raw("web", format!("{after}\n").as_bytes());
+    bridge.wait_for(Duration::from_secs(10), "the line after it", |b| {
+        accepted_in_web(b) == 2
+    });
+    assert!(
+        !bridge.verdicts().iter().any(|v| v.0 == "cron"),
+        "the loop's file was read as an inbox"
+    );
+    // Neither sender writes to it; the loop sends by its rules, whatever files there are
+    // (`doorbell send` names the clash instead).
+    let sent = bridge.doorbell(&["send", "--from", "design", "--to", "cron", "hi"]);
+    assert_eq!(sent.code, 2, "{sent:?}");
+    assert!(sent.stderr.contains("[[loop]]"), "{}", sent.stderr);
+    let script = bridge.script(&["--from", "design", "--to", "cron", "hi"], None);
+    assert_eq!(script.code, 2, "{script:?}");
+    let sent = bridge.doorbell(&["send", "--from", "cron", "--to", "web", "hi"]);
+    assert_eq!(sent.code, 2, "{sent:?}");
+    assert!(sent.stderr.contains("cron-inbox.jsonl"), "{}", sent.stderr);
+    let response = [
+        "--from",
+        "cron",
+        "--to",
+        "web",
+        "--kind",
+        "response",
+        "--state",
+        "completed",
+        "--correlates-to",
+        "01AFTERCRON",
+        "done",
+    ];
+    let sent = bridge.script(&response, None);
+    assert_eq!(sent.code, 2, "{sent:?}");
+    assert!(
+        sent.stderr.contains("loops never send responses"),
+        "{sent:?}"
+    );
+    bridge
+        .script(&["--from", "cron", "--to", "web", "a loop's note"], None)
+        .ok();
+    let status = bridge.doorbell(&["status"]);
+    assert!(
+        status
+            .stderr
+            .contains("cron-inbox.jsonl is no inbox and nothing reads it"),
+        "{}",
+        status.stderr
+    );
+    // A restart judges on.
+    daemon.signal("TERM");
+    assert_eq!(daemon.wait_exit(Duration::from_secs(10)), Some(0));
+    let mut daemon = Daemon::start(&bridge, &[]);
+    daemon.expect_stderr("cron-inbox.jsonl is no inbox", Duration::from_secs(10));
+    bridge.wait_for(Duration::from_secs(10), "the loop's note", |b| {
+        accepted_in_web(b) == 3
+    });
+}
+
+#[test]
+fn a_reload_naming_a_loop_owner_that_is_no_station_stops_no_judging() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    bridge.config("[[loop]]\nname = \"cron\"\nowner = \"ops\"\n");
+    daemon.signal("HUP");
+    daemon.expect_stderr(
+        "names 'ops' as its owner, which is no station",
+        Duration::from_secs(10),
+    );
+    let ask = line("01CRONASKS", "cron", "web", "request", "");
+    let note = line("01CRONNOTE", "cron", "web", "note", "");
+    bridge.append_raw("web", format!("{ask}\n{note}\n").as_bytes());
+    bridge.wait_for(Duration::from_secs(10), "both lines judged", |b| {
+        b.verdicts().len() == 2
+    });
+    let verdicts = bridge.verdicts();
+    assert_eq!(verdicts[0].2, "refused", "{verdicts:?}");
+    assert_eq!(verdicts[1].2, "accepted", "{verdicts:?}");
+    let shown = bridge.doorbell(&["show", "01CRONASKS"]).ok().to_owned();
+    assert!(shown.contains("whose owner 'ops' is no station"), "{shown}");
+    let status = bridge.doorbell(&["status"]);
+    assert!(
+        status
+            .stderr
+            .contains("names 'ops' as its owner, which is no station"),
+        "{}",
+        status.stderr
+    );
+}
+
+#[test]
 fn inbox_files_for_reserved_names_make_no_station() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
     for name in ["all", "bridge", "debt-loop"] {
@@ -916,6 +1026,7 @@ fn a_million_deep_nesting_is_refused_by_the_judge_without_overflow() {
                 stations: BTreeSet::from(["web".to_owned(), "design".to_owned()]),
                 loops: BTreeSet::new(),
                 owners: std::collections::BTreeMap::default(),
+                ..Registry::default()
             };
             let ledger = Ledger::default();
             for bytes in deep_lines() {

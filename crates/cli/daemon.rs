@@ -74,12 +74,8 @@ async fn a2a(bridge: &doorbell_store::Bridge) -> anyhow::Result<tokio::sync::one
 pub fn run(session: &Session, config_path: Option<&Path>) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let lock = acquire(&bridge, ROLE)?;
-    if !bridge.inboxes()?.contains(&session.config.human) {
-        tracing::warn!(
-            human = %session.config.human,
-            "the human station has no inbox: escalations and reports have nowhere to go (doorbell agent add {})",
-            session.config.human
-        );
+    for warning in bridge.config_warnings()? {
+        tracing::warn!("{warning}");
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -43,6 +43,9 @@ pub struct Registry {
     pub loops: BTreeSet<String>,
     /// A loop's owner: the station that answers for the loop's requests (DESIGN §3).
     pub owners: std::collections::BTreeMap<String, String>,
+    /// A loop whose `[[loop]]` entry names an owner that is no station: its requests are
+    /// refused, saying so, until the owner is one.
+    pub unowned: std::collections::BTreeMap<String, String>,
 }
 
 impl Registry {
@@ -496,6 +499,12 @@ pub fn loop_refusal(registry: &Registry, from: &str, kind: Kind) -> Option<Strin
     match kind {
         Kind::Note => None,
         Kind::Request if registry.owners.contains_key(from) => None,
+        Kind::Request if registry.unowned.contains_key(from) => {
+            let owner = &registry.unowned[from];
+            Some(format!(
+                "'{from}' is a loop whose owner '{owner}' is no station: its requests have nobody to answer them (doorbell agent add {owner})"
+            ))
+        }
         Kind::Request => Some(format!(
             "'{from}' is a loop without an owner: a loop may ask only when its [[loop]] entry names the station that answers for it (owner = \"STATION\")"
         )),

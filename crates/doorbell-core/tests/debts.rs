@@ -115,6 +115,7 @@ impl Sim {
                 stations: names(&["web", "design", HUMAN, "ci"]),
                 loops: BTreeSet::new(),
                 owners: std::collections::BTreeMap::default(),
+                ..Registry::default()
             },
             schedule,
             own: BTreeSet::new(),

@@ -38,6 +38,7 @@ impl Bridge {
                 stations: names(&["web", "design", "human", "ci"]),
                 loops: names(&["review-loop"]),
                 owners: std::collections::BTreeMap::default(),
+                ..Registry::default()
             },
             own: BTreeSet::new(),
             minute: 0,

@@ -128,9 +128,14 @@ pub async fn run(
                             );
                         }
                         let _ = config_tx.send(Arc::new(config.clone()));
+                        let mut bridge = options.bridge.clone();
+                        bridge.config = config.clone();
                         seat.reload(config, &inputs);
                         // Logged once handed over: a line written after this is judged with it.
                         tracing::info!(?path, "config reloaded");
+                        for warning in bridge.config_warnings().unwrap_or_default() {
+                            tracing::warn!("{warning}");
+                        }
                     }
                     Err(e) => tracing::error!(error = %e, "config not reloaded; keeping the old one"),
                 }

@@ -333,12 +333,7 @@ pub fn status(view: &mut View) -> Result<Status> {
             )),
         }
     }
-    let human = &config.human;
-    if !inboxes.contains(human) {
-        warnings.push(format!(
-            "the human station '{human}' has no inbox: escalations and reports have nowhere to go (doorbell agent add {human})"
-        ));
-    }
+    warnings.extend(bridge.config_warnings()?);
     for agent in agents.values().filter(|a| !a.has_inbox) {
         warnings.push(format!(
             "agent '{}' is in the config but has no inbox (doorbell agent add {})",

@@ -150,7 +150,8 @@ impl Bridge {
     }
 
     /// The agents that have an inbox file in the folder, sorted. Files that are not regular
-    /// (symlinks, FIFOs, devices) are left out: they are refused, never read.
+    /// (symlinks, FIFOs, devices) are left out: they are refused, never read. So is a file
+    /// named for a `[[loop]]` of the config: the name is the loop's, which has no inbox.
     pub fn inboxes(&self) -> Result<Vec<String>> {
         let mut names = Vec::new();
         let entries =
@@ -162,7 +163,7 @@ impl Bridge {
                 continue;
             };
             let is_file = entry.file_type().is_ok_and(|t| t.is_file());
-            if is_file {
+            if is_file && !self.is_config_loop(name) {
                 names.push(name.to_owned());
             }
         }
@@ -193,17 +194,19 @@ impl Bridge {
             fs::read_dir(&self.dir).map_err(Error::io("list bridge folder", &self.dir))?;
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
+            let named = name.strip_suffix(INBOX_SUFFIX);
+            if named.is_some_and(is_reserved_name) {
+                found.push(Stray::Reserved(entry.path()));
+                continue;
+            }
+            // Said by `config_warnings`, with the loop's name.
+            if named.is_some_and(|name| self.is_config_loop(name)) {
+                continue;
+            }
             if inbox_name(&name).is_some() {
                 if !entry.file_type().is_ok_and(|t| t.is_file()) {
                     found.push(Stray::NotRegular(entry.path()));
                 }
-                continue;
-            }
-            if name
-                .strip_suffix(INBOX_SUFFIX)
-                .is_some_and(is_reserved_name)
-            {
-                found.push(Stray::Reserved(entry.path()));
                 continue;
             }
             let Some(meant) = near_miss(&name) else {
@@ -276,18 +279,18 @@ impl Bridge {
         self.registry_of(self.inboxes()?)
     }
 
-    /// [`Bridge::registry`] with `inboxes` as [`Bridge::inboxes`] listed them just now.
+    /// Whether `name` is a `[[loop]]` of the config.
+    #[must_use]
+    pub fn is_config_loop(&self, name: &str) -> bool {
+        self.config.loops.iter().any(|l| l == name)
+    }
+
+    /// [`Bridge::registry`] with `inboxes` as [`Bridge::inboxes`] listed them just now. What
+    /// the folder and the config say of a name never stops the bridge: a file named for a
+    /// loop is no inbox (the listing leaves it out), and a loop whose owner is no station is
+    /// `unowned` (its requests are refused, saying why); [`Bridge::config_warnings`] says both.
     pub fn registry_of(&self, inboxes: Vec<String>) -> Result<Registry> {
         let mut registry = Registry::default();
-        // A loop and a station of one name: the station could never answer what it owes.
-        if let Some(name) = self.config.loops.iter().find(|l| inboxes.contains(l)) {
-            return Err(Error::NameTaken {
-                name: name.clone(),
-                why: format!(
-                    "it is a [[loop]] in the config and also the station with the inbox {name}{INBOX_SUFFIX}; rename one of them"
-                ),
-            });
-        }
         registry.stations.extend(inboxes);
         registry
             .stations
@@ -297,17 +300,44 @@ impl Bridge {
             .extend(self.config.remotes.iter().map(|r| r.name.clone()));
         registry.loops.extend(self.config.loops.iter().cloned());
         for (name, owner) in &self.config.loop_owners {
-            if !registry.stations.contains(owner) {
-                return Err(Error::NameTaken {
-                    name: owner.clone(),
-                    why: format!(
-                        "the [[loop]] '{name}' names it as its owner, but it is no station (doorbell agent add {owner})"
-                    ),
-                });
+            let owners = if registry.stations.contains(owner) {
+                &mut registry.owners
+            } else {
+                &mut registry.unowned
+            };
+            owners.insert(name.clone(), owner.clone());
+        }
+        Ok(registry)
+    }
+
+    /// What the config names that the folder does not have, each said as a warning (at the
+    /// daemon's start, at each reload, and by `status`): the human station or a loop's owner
+    /// without an inbox, and a file named for a loop, which nothing reads.
+    pub fn config_warnings(&self) -> Result<Vec<String>> {
+        let inboxes = self.inboxes()?;
+        let registry = self.registry_of(inboxes.clone())?;
+        let human = &self.config.human;
+        let mut warnings = Vec::new();
+        if !inboxes.contains(human) {
+            warnings.push(format!(
+                "the human station '{human}' has no inbox: escalations and reports have nowhere to go (doorbell agent add {human})"
+            ));
+        }
+        for (name, owner) in &registry.unowned {
+            warnings.push(format!(
+                "the [[loop]] '{name}' names '{owner}' as its owner, which is no station: its requests are refused until it is one (doorbell agent add {owner})"
+            ));
+        }
+        for name in &self.config.loops {
+            let path = self.dir.join(format!("{name}{INBOX_SUFFIX}"));
+            if fs::symlink_metadata(&path).is_ok() {
+                warnings.push(format!(
+                    "{} is no inbox and nothing reads it: '{name}' is a [[loop]] of the config, which sends and has no inbox",
+                    path.display()
+                ));
             }
         }
-        registry.owners.clone_from(&self.config.loop_owners);
-        Ok(registry)
+        Ok(warnings)
     }
 
     /// Where what lands in `name`'s inbox is forwarded, when `name` is a `[[remote]]` station
@@ -321,6 +351,12 @@ impl Bridge {
     /// The inbox of an agent that must exist: sending never creates one.
     pub fn require_inbox(&self, name: &str) -> Result<PathBuf> {
         let path = self.inbox_path(name)?;
+        if self.is_config_loop(name) {
+            return Err(Error::NameTaken {
+                name: name.to_owned(),
+                why: "it is a [[loop]] in the config, which sends and has no inbox; send to an agent instead".to_owned(),
+            });
+        }
         match fs::symlink_metadata(&path) {
             Ok(meta) if meta.file_type().is_file() => Ok(path),
             Ok(_) => Err(Error::NotRegularFile { path }),

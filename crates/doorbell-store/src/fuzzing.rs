@@ -183,6 +183,7 @@ fn judge_all(lines: &[Read], max_line_bytes: usize, route: Route, reached: &mut 
         stations: STATIONS.iter().map(|&s| s.to_owned()).collect(),
         loops: LOOPS.iter().map(|&s| s.to_owned()).collect(),
         owners: std::collections::BTreeMap::default(),
+        ..Registry::default()
     };
     // The judge journals the ids it writes; here its ids are the ones it would make.
     let own_line = |id: &str| id.starts_with("bridge:");

@@ -175,6 +175,20 @@ fn checked(
     message: &Message,
 ) -> Result<(String, String, Vec<String>, Registry, usize)> {
     let (from, kind) = sender_and_kind(message)?;
+    // A loop with an inbox file too: the judge reads no such file, but a config that gave a
+    // station's name to a loop is more likely a slip than meant. Said where it bites.
+    let inbox = bridge
+        .dir()
+        .join(format!("{from}{}", crate::bridge::INBOX_SUFFIX));
+    if bridge.is_config_loop(&from) && std::fs::symlink_metadata(&inbox).is_ok() {
+        return Err(Error::NameTaken {
+            name: from.clone(),
+            why: format!(
+                "it is a [[loop]] in the config and also has the inbox {}, which nothing reads while the loop has the name; rename one of them",
+                inbox.display()
+            ),
+        });
+    }
     let recipients = recipients(bridge, &message.to, &from)?;
     let (registry, max_line_bytes) = judges_terms(bridge, view, (&from, &kind))?;
     if !registry.knows(&from) {

@@ -334,6 +334,15 @@ impl Judge {
     /// the ledger, every other inbox is read to its end before the line is refused.
     pub fn sweep(&mut self, names: &[String], now: DateTime<Utc>) -> Result<CatchUp> {
         self.state_is_ours()?;
+        // A file named for a loop of the config is no inbox (`Bridge::inboxes`).
+        if names.iter().any(|name| self.bridge.is_config_loop(name)) {
+            let inboxes: Vec<String> = names
+                .iter()
+                .filter(|name| !self.bridge.is_config_loop(name))
+                .cloned()
+                .collect();
+            return self.sweep(&inboxes, now);
+        }
         let mut stats = CatchUp::default();
         let mut held = HeldLines::default();
         let mut holds = self.holds;
