@@ -1155,3 +1155,27 @@ fn flags_that_cannot_both_be_honoured_are_refused() {
     );
     assert!(!std::path::Path::new(out).exists());
 }
+
+#[test]
+fn show_json_of_a_line_refused_for_a_lone_surrogate_is_json() {
+    let bridge = bridge(&["web", "design", "human"]);
+    let half = r#"{"id":"01LONE","from":"design","to":"web","kind":"note","createdAt":"2026-09-03T01:26:51Z","message":{"parts":[{"type":"text","text":"half a pair \ud800"}]}}"#;
+    bridge.append_raw("web", format!("{half}\n").as_bytes());
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let shown = bridge.doorbell(&["show", "01LONE", "--json"]);
+    let document: Value = serde_json::from_str(shown.ok()).expect("one JSON document");
+    assert_eq!(document["verdict"], "refused", "{document}");
+    assert_eq!(document["envelope"], Value::Null, "{document}");
+}
+
+#[test]
+fn an_argument_that_is_not_utf8_is_refused_not_a_crash() {
+    use std::os::unix::ffi::OsStrExt;
+    let bridge = bridge(&["web", "design", "human"]);
+    let mut command = bridge.command(&["send", "--to", "web", "--from", "design"]);
+    command.arg(std::ffi::OsStr::from_bytes(b"caf\xe9"));
+    let sent = crate::util::run(command, None);
+    assert_eq!(sent.code, 2, "{sent:?}");
+    assert!(!sent.stderr.contains("panicked"), "{}", sent.stderr);
+    assert_eq!(std::fs::read(bridge.inbox("web")).unwrap(), b"");
+}

@@ -45,5 +45,5 @@ fn main() {
 /// could not read may not say where its command is (`--dir "$UNSET" hook …` takes `hook`
 /// for the folder), and a hook's must never exit 2.
 fn is_hook() -> bool {
-    std::env::args().skip(1).any(|arg| arg == "hook")
+    std::env::args_os().skip(1).any(|arg| arg == "hook")
 }

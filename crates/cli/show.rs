@@ -72,6 +72,14 @@ fn answered_at(request: &doorbell_core::Request) -> Option<chrono::DateTime<Utc>
         .flatten()
 }
 
+/// A line as JSON to put inside a JSON document, when every JSON parser takes it: a refused
+/// line may not be, and a raw parse passes a lone surrogate escape (`\ud800`) that a full one
+/// refuses.
+fn embeddable(bytes: &[u8]) -> Option<&RawValue> {
+    serde_json::from_slice::<serde_json::Value>(bytes).ok()?;
+    serde_json::from_slice(bytes).ok()
+}
+
 pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let view = view(&bridge)?;
@@ -80,7 +88,7 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
         return Err(refused(format!("no message '{id}' in the journal")));
     };
     let bytes = record.line.as_deref();
-    let envelope: Option<&RawValue> = bytes.and_then(|b| serde_json::from_slice(b).ok());
+    let envelope = bytes.and_then(embeddable);
     let read = record.read;
     let how = read
         .then(|| {
