@@ -29,6 +29,15 @@ pub enum Error {
     NoBridge { path: PathBuf },
     #[error("{path} has been locked by another process for {secs} s (a writer that hangs?): nothing was written; try again, or find the holder with `fuser {path}`")]
     InboxLocked { path: PathBuf, secs: f64 },
+    /// A message to several inboxes written to some of them only.
+    #[error("written to {written} only: {ids}; not to {failed}: {error}. To write the rest, send the same again with --id {id}: what was written is then taken as a duplicate, not delivered twice")]
+    PartlyWritten {
+        written: String,
+        ids: String,
+        failed: String,
+        id: String,
+        error: Box<Error>,
+    },
     #[error("{path} has been locked by another process for {secs} s, so the cursor did not move: what was shown stays unread and is shown again; find the holder with `fuser {path}`")]
     CursorLocked { path: PathBuf, secs: f64 },
     #[error("another reader of {agent} ({holder}) was in the middle of showing it messages and did not finish within {secs} s, so nothing was read this time: a reader whose output nobody reads (a `watch` or `read` into a paused pager, Ctrl-Z) stays in its turn until its output is read; try again once it goes on")]

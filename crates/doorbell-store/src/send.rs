@@ -356,19 +356,34 @@ pub fn send_placed(bridge: &Bridge, view: Option<&View>, message: &Message) -> R
     }
     // Every recipient passed the pre-check: now write. A duplicate was already delivered.
     let who = (from.as_str(), kind.as_str());
-    lines
-        .into_iter()
-        .map(|(to, id, line)| {
-            let offset = line
-                .map(|line| append_one(bridge, view, message, who, &to, &id, &line))
-                .transpose()?;
-            Ok(Placed {
-                id,
-                inbox: to,
-                offset,
-            })
-        })
-        .collect()
+    let mut placed: Vec<Placed> = Vec::with_capacity(lines.len());
+    for (to, id, line) in lines {
+        let offset = match line.map(|line| append_one(bridge, view, message, who, &to, &id, &line))
+        {
+            None => None,
+            Some(Ok(offset)) => Some(offset),
+            Some(Err(error)) if placed.is_empty() => return Err(error),
+            // Some inboxes have the message already: say which, and how to finish.
+            Some(Err(error)) => {
+                let list = |each: &dyn Fn(&Placed) -> &str| {
+                    placed.iter().map(each).collect::<Vec<_>>().join(", ")
+                };
+                return Err(Error::PartlyWritten {
+                    written: list(&|p| p.inbox.as_str()),
+                    ids: list(&|p| p.id.as_str()),
+                    failed: to,
+                    id: base_id,
+                    error: Box::new(error),
+                });
+            }
+        };
+        placed.push(Placed {
+            id,
+            inbox: to,
+            offset,
+        });
+    }
+    Ok(placed)
 }
 
 /// Append `line`, message `id` from `from` of `kind`, to `to`'s inbox, checked against what
