@@ -356,6 +356,19 @@ pub fn send_placed(bridge: &Bridge, view: Option<&View>, message: &Message) -> R
     }
     // Every recipient passed the pre-check: now write. A duplicate was already delivered.
     let who = (from.as_str(), kind.as_str());
+    write_placed(bridge, view, message, who, lines, base_id)
+}
+
+/// Write each recipient's line (none for a duplicate); a failure once some were written says
+/// which ([`Error::PartlyWritten`]).
+fn write_placed(
+    bridge: &Bridge,
+    view: Option<&View>,
+    message: &Message,
+    who: (&str, &str),
+    lines: Vec<(String, String, Option<String>)>,
+    base_id: String,
+) -> Result<Vec<Placed>> {
     let mut placed: Vec<Placed> = Vec::with_capacity(lines.len());
     for (to, id, line) in lines {
         let offset = match line.map(|line| append_one(bridge, view, message, who, &to, &id, &line))
