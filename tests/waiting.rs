@@ -332,3 +332,49 @@ fn a_line_that_an_unjudged_line_would_get_refused_is_refused_at_once() {
     );
     daemon.kill();
 }
+
+/// The inotify instances process `pid` holds: a `wait` has one once it has looked at the
+/// ledger and watches for what comes next.
+fn watches(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |fds| {
+        fds.flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .filter(|target| target.to_string_lossy() == "anon_inode:inotify")
+            .count()
+    })
+}
+
+#[test]
+fn a_wait_on_a_broadcast_the_judge_has_not_read_yet_waits_for_its_answers() {
+    let bridge = Bridge::with_agents(&["web", "design", "ops"]);
+    let daemon = crate::util::Daemon::start(&bridge, &[]);
+    // The judge is behind (busy, or stopped) when the broadcast is written and waited on.
+    daemon.signal("STOP");
+    let base = "01BROADCASTNOTJUDGED";
+    for station in ["ops", "web"] {
+        let context = format!(r#","contextId":"{base}""#);
+        let request = crate::util::line(
+            &format!("{base}.{station}"),
+            "design",
+            station,
+            "request",
+            &context,
+        );
+        bridge.append_raw(station, format!("{request}\n").as_bytes());
+    }
+    let waiter = spawn(&bridge, &["wait", base, "--json", "--timeout", "60s"]);
+    let pid = waiter.id();
+    let patience = std::time::Duration::from_secs(20);
+    bridge.wait_for(patience, "the wait to have looked", |_| watches(pid) > 0);
+    daemon.signal("CONT");
+    bridge.wait_for(patience, "the broadcast judged", |b| {
+        b.verdicts().len() == 2
+    });
+    for station in ["ops", "web"] {
+        let id = format!("{base}.{station}");
+        bridge.reply(&id, station, "completed", &[], "done");
+    }
+    let (code, stdout, stderr) = finish(waiter);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+}

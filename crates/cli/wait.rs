@@ -35,6 +35,35 @@ struct Awaited {
     answer: Option<Answer>,
 }
 
+impl Awaited {
+    /// Take in an accepted line (its id, request and state) for the request `id`. Returns
+    /// whether it is one of the requests of a broadcast whose id `id` is, not judged when the
+    /// wait looked: then its requests stand for it, and the wait looks again.
+    fn saw(
+        &mut self,
+        id: &str,
+        line: &str,
+        correlates_to: Option<&str>,
+        state: Option<State>,
+    ) -> bool {
+        if line == id {
+            self.known.get_or_insert((State::Submitted, 0));
+        } else if correlates_to == Some(id) {
+            if let Some(state) = state {
+                let responses = self.known.map_or(0, |k| k.1) + 1;
+                self.known = Some((state, responses));
+                self.answer = Some(Answer {
+                    id: line.to_owned(),
+                });
+            }
+        }
+        let of_broadcast = line
+            .strip_prefix(id)
+            .is_some_and(|rest| rest.starts_with('.'));
+        self.known.is_none() && of_broadcast
+    }
+}
+
 /// How a wait ended.
 pub enum Waited {
     /// The requests answered (each one, or with `any` the first), with their states and the
@@ -211,21 +240,15 @@ pub fn wait_for(
         if events.take_unjudged() {
             judge_if_idle(bridge)?;
         }
+        let mut broadcast = false;
         follower.accepted(&mut |line| {
             for (id, a) in &mut awaited {
-                if line.id == *id {
-                    a.known.get_or_insert((State::Submitted, 0));
-                } else if line.correlates_to.as_deref() == Some(id.as_str()) {
-                    if let Some(state) = line.state {
-                        let responses = a.known.map_or(0, |k| k.1) + 1;
-                        a.known = Some((state, responses));
-                        a.answer = Some(Answer {
-                            id: line.id.clone(),
-                        });
-                    }
-                }
+                broadcast |= a.saw(id, &line.id, line.correlates_to.as_deref(), line.state);
             }
         })?;
+        if broadcast {
+            awaited = look(&crate::session::view(bridge)?)?;
+        }
     }
 }
 
