@@ -910,3 +910,49 @@ fn a_hook_says_you_owe_only_what_is_still_owed() {
         );
     }
 }
+
+/// The commands a hook suggests run as the hook was run: `setup` arms it with the binary's
+/// full path and `--dir`, for a harness whose environment has neither doorbell on `PATH`
+/// nor `DOORBELL_DIR`; the agent's shell, in that environment, pays its debt with them.
+#[test]
+fn the_command_a_blocked_stop_suggests_works_where_the_hook_ran() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let id = bridge.request("design", "web", "ETA for the footer?");
+    let dir = bridge.dir().to_string_lossy().into_owned();
+    let harness_env = |command: &mut std::process::Command| {
+        bridge.env(command);
+        command
+            .env_remove("DOORBELL_DIR")
+            .env("PATH", "/usr/bin:/bin");
+    };
+    let mut hook = std::process::Command::new(crate::util::BIN);
+    harness_env(&mut hook);
+    hook.args([
+        "--dir",
+        &dir,
+        "hook",
+        "Stop",
+        "--agent",
+        "web",
+        "--harness",
+        "claude",
+    ]);
+    let payload = std::fs::read(fixtures().join("claude/Stop.json")).unwrap();
+    let answer: Value = serde_json::from_str(crate::util::run(hook, Some(&payload)).ok()).unwrap();
+    let reason = answer["reason"].as_str().unwrap();
+    // "- ID from design (submitted, 0 s ago): COMMAND"
+    let command = reason
+        .lines()
+        .find(|line| line.contains(&format!(" reply {id} ")))
+        .and_then(|line| line.split_once("): "))
+        .unwrap_or_else(|| panic!("no command to answer {id}: {reason}"))
+        .1
+        .replace('…', "Friday");
+    let mut shell = std::process::Command::new("sh");
+    harness_env(&mut shell);
+    shell.args(["-c", &command]);
+    crate::util::run(shell, None).ok();
+    let shown = bridge.doorbell(&["show", &id, "--json"]);
+    let shown: Value = serde_json::from_str(shown.ok()).unwrap();
+    assert_eq!(shown["state"], "completed", "{shown}");
+}

@@ -103,10 +103,18 @@ impl Bridge {
     }
 
     /// Give `command` the bridge's clean environment (for commands run through a wrapper).
+    /// The environment of a user who installed doorbell: the binary on `PATH`.
     pub fn env(&self, command: &mut Command) {
+        let bin = Path::new(BIN)
+            .parent()
+            .expect("the binary's folder")
+            .to_path_buf();
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let path = std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(&path)))
+            .expect("a PATH");
         command
             .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("PATH", path)
             .env("HOME", self.tmp.path().join("home"))
             .env("XDG_CONFIG_HOME", self.tmp.path().join("home/.config"))
             .env("XDG_DATA_HOME", self.tmp.path().join("home/.local/share"))

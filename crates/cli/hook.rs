@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
-use doorbell_core::debts::{answer_command_from, span};
+use doorbell_core::debts::{answer_command_by, span};
 use doorbell_core::{Request, State};
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor;
@@ -321,7 +321,7 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
         .into_iter()
         .filter(|r| r.creditor_station() == agent)
         .collect();
-    let mut text = Composer::new(session.config.hook_max_chars, &agent);
+    let mut text = Composer::new(session.config.hook_max_chars, &agent, session.program());
     if matches!(input.moment, Moment::Start | Moment::Prompt) {
         // A person's prompt or a new session starts a new row of stops.
         state.blocks_in_row = 0;
@@ -349,9 +349,10 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
     if text.left_out > 0 {
         let _ = write!(
             text.body,
-            "\n{} more unread message{} not shown here: run `doorbell read {agent} --max-chars {READ_ROOM}`.\n",
+            "\n{} more unread message{} not shown here: run `{} read {agent} --max-chars {READ_ROOM}`.\n",
             text.left_out,
-            if text.left_out == 1 { "" } else { "s" }
+            if text.left_out == 1 { "" } else { "s" },
+            text.program,
         );
     }
     if text.is_empty() {
@@ -549,6 +550,8 @@ struct Composer {
     max: usize,
     /// Whose hook this is: the sender of the commands it suggests.
     agent: String,
+    /// What runs doorbell in the commands it suggests (`Session::program`).
+    program: String,
     body: String,
     /// Framed messages, counted apart from the rest so the cap can keep room for the footer.
     messages: usize,
@@ -560,10 +563,11 @@ struct Composer {
 const RESERVE: usize = 500;
 
 impl Composer {
-    fn new(max: usize, agent: &str) -> Composer {
+    fn new(max: usize, agent: &str, program: String) -> Composer {
         Composer {
             max,
             agent: agent.to_owned(),
+            program,
             body: String::new(),
             messages: 0,
             left_out: 0,
@@ -612,7 +616,7 @@ impl Composer {
                     r.id,
                     r.state,
                     span(r.state_since, now),
-                    answer_command_from(r, Some(r.debtor_station()))
+                    answer_command_by(&self.program, r, Some(r.debtor_station()))
                 )
             })
             .collect();
@@ -620,8 +624,9 @@ impl Composer {
             return;
         };
         let debtor = first.debtor_station().to_owned();
+        let program = self.program.clone();
         self.lines_counted(&lines, |left| {
-            format!("- and {left} more you owe: run `doorbell debts --owed-by {debtor}`")
+            format!("- and {left} more you owe: run `{program} debts --owed-by {debtor}`")
         });
     }
 
@@ -638,8 +643,9 @@ impl Composer {
                 )
             })
             .collect();
+        let program = self.program.clone();
         self.lines_counted(&lines, |left| {
-            format!("- and {left} more owed to you: run `doorbell debts`")
+            format!("- and {left} more owed to you: run `{program} debts`")
         });
     }
 
@@ -651,10 +657,11 @@ impl Composer {
         now: DateTime<Utc>,
     ) {
         let mut reason = format!(
-            "Before you stop: {} request{} {} for your answer. Answer each one, or acknowledge it with `doorbell reply ID --from {} --state working \"…\"`:",
+            "Before you stop: {} request{} {} for your answer. Answer each one, or acknowledge it with `{} reply ID --from {} --state working \"…\"`:",
             pending.len(),
             if pending.len() == 1 { "" } else { "s" },
             if pending.len() == 1 { "waits" } else { "wait" },
+            self.program,
             agent,
         );
         for id in pending {
@@ -665,14 +672,14 @@ impl Composer {
                     r.creditor_station(),
                     r.state,
                     span(r.state_since, now),
-                    answer_command_from(r, Some(r.debtor_station()))
+                    answer_command_by(&self.program, r, Some(r.debtor_station()))
                 ),
                 Some(r) => format!(
                     "\n- {id} from {} ({}, {} ago): {}",
                     r.creditor_station(),
                     r.state,
                     span(r.state_since, now),
-                    answer_command_from(r, Some(r.debtor_station()))
+                    answer_command_by(&self.program, r, Some(r.debtor_station()))
                 ),
                 None => format!("\n- {id} (unread, shown below)"),
             };
@@ -683,7 +690,7 @@ impl Composer {
         let mut head = format!("{}\n", lines.next().unwrap_or_default());
         for line in lines.by_ref() {
             if units(&head) + units(line) + 1 > self.room() {
-                head.push_str("- and more: run `doorbell debts`\n");
+                let _ = writeln!(head, "- and more: run `{} debts`", self.program);
                 break;
             }
             head.push_str(line);
@@ -718,8 +725,8 @@ impl Composer {
         if cut > 0 {
             let _ = write!(
                 shown,
-                " … ({cut} more characters: `doorbell show {}`)",
-                envelope.id
+                " … ({cut} more characters: `{} show {}`)",
+                self.program, envelope.id
             );
         }
         // What the agent owes for this message, and the command that pays it: after the
@@ -728,7 +735,7 @@ impl Composer {
             format!(
                 "- you owe {} an answer: {}\n",
                 doorbell_core::debts::waiting(request),
-                answer_command_from(request, Some(&self.agent))
+                answer_command_by(&self.program, request, Some(&self.agent))
             )
         });
         let mut framed = head;
@@ -748,7 +755,11 @@ impl Composer {
             let mut keep = room.saturating_sub(200 + units(&debt_line));
             loop {
                 let mut cut_text: String = shown.chars().take(keep).collect();
-                let _ = write!(cut_text, " … (more: `doorbell show {}`)", envelope.id);
+                let _ = write!(
+                    cut_text,
+                    " … (more: `{} show {}`)",
+                    self.program, envelope.id
+                );
                 framed = format!("{head}\n");
                 frame_lines(&cut_text, &mut framed);
                 let _ = writeln!(framed, "[doorbell {} end]", self.nonce);

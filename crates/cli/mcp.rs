@@ -166,7 +166,7 @@ fn message_json(envelope: &Envelope<'_>) -> Value {
     value
 }
 
-fn debt_json(request: &Request, agent: &str) -> Value {
+fn debt_json(request: &Request, agent: &str, program: &str) -> Value {
     let owes = request.debtor_station() == agent;
     let mut value = json!({
         "id": request.id,
@@ -175,7 +175,8 @@ fn debt_json(request: &Request, agent: &str) -> Value {
     });
     if owes {
         value["to"] = json!(request.creditor_station());
-        value["command"] = json!(doorbell_core::debts::answer_command_from(
+        value["command"] = json!(doorbell_core::debts::answer_command_by(
+            program,
             request,
             Some(agent)
         ));
@@ -343,17 +344,18 @@ impl Doorbell {
 
     #[tool(description = "What you owe (with the command that pays it) and what you are owed.")]
     async fn debts(&self) -> Result<CallToolResult, McpError> {
+        let program = self.session.program();
         self.call(move |agent, bridge| {
             let debts = view(bridge)?.debts_of(agent)?;
             let owes: Vec<Value> = debts
                 .iter()
                 .filter(|r| r.debtor_station() == agent)
-                .map(|r| debt_json(r, agent))
+                .map(|r| debt_json(r, agent, &program))
                 .collect();
             let owed: Vec<Value> = debts
                 .iter()
                 .filter(|r| r.creditor_station() == agent && r.debtor_station() != agent)
-                .map(|r| debt_json(r, agent))
+                .map(|r| debt_json(r, agent, &program))
                 .collect();
             // The oldest first, as many as a result holds; the rest counted.
             let (owes_more, owed_more) = (

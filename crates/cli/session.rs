@@ -20,6 +20,30 @@ impl Session {
         Ok(Session { config, dir })
     }
 
+    /// How a shell in this environment runs doorbell on this bridge, for the commands a hook
+    /// or a tool suggests: `doorbell` when `PATH` finds this very binary, else its full path;
+    /// and `--dir` when the environment alone would pick another folder (a hook `setup` armed
+    /// with `--dir`, in a harness without `DOORBELL_DIR`).
+    pub fn program(&self) -> String {
+        let exe = std::env::current_exe().and_then(std::fs::canonicalize).ok();
+        let on_path = std::env::var_os("PATH").is_some_and(|path| {
+            std::env::split_paths(&path).any(|dir| {
+                std::fs::canonicalize(dir.join("doorbell"))
+                    .ok()
+                    .is_some_and(|found| Some(found) == exe)
+            })
+        });
+        let mut program = match &exe {
+            Some(exe) if !on_path => shell_word(&exe.to_string_lossy()),
+            _ => "doorbell".to_owned(),
+        };
+        if doorbell_store::bridge::resolve_dir(None, &self.config) != self.dir {
+            program.push_str(" --dir ");
+            program.push_str(&shell_word(&self.dir.to_string_lossy()));
+        }
+        program
+    }
+
     /// The existing bridge folder.
     pub fn bridge(&self) -> anyhow::Result<Bridge> {
         Ok(Bridge::open(&self.dir, self.config.clone())?)
@@ -98,4 +122,17 @@ pub fn compact(session: &Session) -> anyhow::Result<i32> {
         done.compressed.segments, done.compressed.bytes_before, done.compressed.bytes_after
     );
     Ok(crate::exit::OK)
+}
+
+/// A word for a shell: the harnesses run hook commands through `sh -c` / `bash -c`.
+pub fn shell_word(word: &str) -> String {
+    if !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+:=@".contains(c))
+    {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
 }

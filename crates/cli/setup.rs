@@ -14,7 +14,7 @@ use serde_json::{json, Map, Value};
 
 use crate::args::{Harness, SetupArgs};
 use crate::exit::OK;
-use crate::session::Session;
+use crate::session::{shell_word, Session};
 
 /// The harness's events for the four moments, and the matcher a tool event takes.
 fn events(harness: Harness) -> [(&'static str, Option<&'static str>); 4] {
@@ -31,19 +31,6 @@ fn events(harness: Harness) -> [(&'static str, Option<&'static str>); 4] {
             ("AfterTool", Some("*")),
             ("AfterAgent", None),
         ],
-    }
-}
-
-/// A word for a shell: the harnesses run hook commands through `sh -c` / `bash -c`.
-fn shell_word(word: &str) -> String {
-    if !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "/._-+:=@".contains(c))
-    {
-        word.to_owned()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
     }
 }
 

@@ -151,13 +151,19 @@ pub fn answer_command(request: &Request) -> String {
 /// `DOORBELL_AGENT` set).
 #[must_use]
 pub fn answer_command_from(request: &Request, from: Option<&str>) -> String {
+    answer_command_by("doorbell", request, from)
+}
+
+/// [`answer_command_from`], run as `program` (a full path, a `--dir`).
+#[must_use]
+pub fn answer_command_by(program: &str, request: &Request, from: Option<&str>) -> String {
     let from = from.map(|f| format!(" --from {f}")).unwrap_or_default();
     let state = if request.state == State::InputRequired {
         "working"
     } else {
         "completed"
     };
-    format!("doorbell reply {}{from} --state {state} \"…\"", request.id)
+    format!("{program} reply {}{from} --state {state} \"…\"", request.id)
 }
 
 /// Ring `n` of `request`, to its current debtor.
