@@ -392,3 +392,45 @@ fn a_tool_call_of_the_wrong_shape_is_invalid_params() {
     drop(raw.to.take());
     let _ = raw.server.wait();
 }
+
+/// What a message's text holds reaches the model as a hook shows it: no control, bidi or
+/// invisible character raw (a tag character is text to a model and nothing to a person), and
+/// a read within its cap however the text escapes.
+#[test]
+fn read_and_show_give_no_invisible_or_control_character_raw_and_keep_their_cap() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let escapes = bridge.send("design", "web", &"\u{1b}".repeat(7900));
+    let hidden = "ok\u{e0041}\u{e0042}\u{202e}\u{200b}\u{9b}\u{1b}[2J";
+    let id = bridge.send("design", "web", hidden);
+    let raw_chars = ['\u{e0041}', '\u{202e}', '\u{200b}', '\u{9b}', '\u{1b}'];
+    let mut raw = Raw::start(&bridge, "web");
+    raw.call(2, "read", &serde_json::json!({}));
+    let read = raw.answer(2);
+    let text = read["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.encode_utf16().count() <= 20_000,
+        "{} units",
+        text.encode_utf16().count()
+    );
+    let messages = read["result"]["structuredContent"]["messages"]
+        .as_array()
+        .unwrap();
+    assert_eq!(messages[0]["id"], escapes.as_str());
+    for c in raw_chars {
+        assert!(!text.contains(c), "{c:?} raw in {text}");
+    }
+    raw.call(3, "show", &serde_json::json!({"id": id}));
+    let shown = raw.answer(3);
+    let text = shown["result"]["content"][0]["text"].as_str().unwrap();
+    for c in raw_chars {
+        assert!(!text.contains(c), "{c:?} raw in {text}");
+    }
+    let message = &shown["result"]["structuredContent"]["message"];
+    assert!(
+        message["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("ok\\u{e0041}\\u{e0042}\\u{202e}"),
+        "{message}"
+    );
+}

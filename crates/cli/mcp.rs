@@ -155,7 +155,9 @@ fn message_json(envelope: &Envelope<'_>) -> Value {
         "kind": envelope.kind.to_string(),
         "thread": envelope.thread(),
         "sentAt": rfc(envelope.created_at),
-        "text": envelope.message.text(),
+        // As a hook frames it: a control, bidi or invisible character (a tag character reads
+        // as text to a model and as nothing to a person) is shown as its `\u{…}` escape.
+        "text": doorbell_core::report::printable(&envelope.message.text()),
     });
     if let Some(state) = envelope.state {
         value["state"] = json!(state.as_str());
