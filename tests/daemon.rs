@@ -1342,3 +1342,28 @@ fn a_sender_that_repeats_a_mistake_gets_one_notice_for_the_run() {
     assert!(told[1] - told[0] >= 5000 - 100, "{told:?}");
     daemon.kill();
 }
+
+/// A reload that finds the default config file gone (moved away, or replaced by an editor a
+/// moment later) keeps the config in use rather than falling back to the defaults silently.
+#[test]
+fn a_reload_with_the_config_file_gone_keeps_the_old_one() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    bridge.config("[[loop]]\nname = \"ci\"\n");
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let config = bridge
+        .tmp
+        .path()
+        .join("home/.config/doorbell/doorbell.toml");
+    std::fs::rename(&config, config.with_extension("toml.moved")).unwrap();
+    daemon.signal("HUP");
+    daemon.expect_stderr("config not reloaded", Duration::from_secs(10));
+    bridge.append_raw(
+        "web",
+        format!("{}\n", line("01FROMCI", "ci", "web", "note", "")).as_bytes(),
+    );
+    bridge.wait_for(PATIENCE, "the loop's note", |b| {
+        judged_in(b, "web", 0).len() == 1
+    });
+    assert_eq!(verdict_of(&bridge, "web", "01FROMCI"), ("a".into(), None));
+    stop(daemon);
+}

@@ -104,6 +104,8 @@ pub async fn run(
     let mut hangup = signal(SignalKind::hangup()).map_err(Error::Signals)?;
     tokio::pin!(shutdown);
     tokio::pin!(judging);
+    // The file the config in use came from: a reload that finds none there keeps it.
+    let mut loaded_from = options.bridge.config.path.clone();
     let outcome = loop {
         tokio::select! {
             () = &mut shutdown => {
@@ -115,7 +117,16 @@ pub async fn run(
             result = &mut judging => break result,
             Some(()) = hangup.recv() => {
                 match Config::load(options.config_path.as_deref()) {
+                    // The default file, gone since (moved away, or mid-edit by a tool that
+                    // writes a new file): the defaults are not what was meant.
+                    Ok(config) if config.path.is_none() && loaded_from.is_some() => {
+                        tracing::error!(
+                            path = ?loaded_from,
+                            "config not reloaded: the file it was loaded from is gone; keeping the old one"
+                        );
+                    }
                     Ok(config) => {
+                        loaded_from.clone_from(&config.path);
                         let path = config.path.clone();
                         if (&config.remotes, config.a2a_listen)
                             != (&options.bridge.config.remotes, options.bridge.config.a2a_listen)
