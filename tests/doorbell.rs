@@ -1072,6 +1072,32 @@ fn a_second_daily_report_the_same_day_keeps_the_days_window() {
     }
 }
 
+/// The next report's window starts where the last daily report's ended, to the millisecond:
+/// not at its file's time, which is later (it was built and written after) and moves when
+/// someone edits the file. An answer in between is in one report or the other.
+#[test]
+fn the_next_window_starts_where_the_daily_reports_ended() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let id = bridge.request("design", "web", "the August numbers?");
+    let (path, _) = daily(&bridge);
+    bridge.reply(&id, "web", "completed", &[], "attached");
+    let shown: Value =
+        serde_json::from_str(bridge.doorbell(&["show", &id, "--json"]).ok()).unwrap();
+    let answered =
+        chrono::DateTime::parse_from_rfc3339(shown["answeredAt"].as_str().unwrap()).unwrap();
+    // The file's time just after the answer, as an edit (or a slow write) leaves it.
+    let after = std::time::SystemTime::from(answered) + std::time::Duration::from_millis(1);
+    std::fs::File::options()
+        .append(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(after)
+        .unwrap();
+    let report: Value =
+        serde_json::from_str(bridge.doorbell(&["report", "--format", "json"]).ok()).unwrap();
+    assert_eq!(report["answered"], 1, "{report}");
+}
+
 /// Questions asked wrong get a plain answer, not an empty one: debts owed by a name that is
 /// no station, a report window that starts in the future, an answer to a note.
 #[test]

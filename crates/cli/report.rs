@@ -52,8 +52,14 @@ fn since(
     let last = reports::daily_reports(bridge)?
         .into_iter()
         .rfind(|(date, _)| !(args.daily && date == today))
-        .and_then(|(_, path)| path.metadata().ok()?.modified().ok())
-        .map(DateTime::<Utc>::from);
+        // Where its window ended, as it says: its file's time is later (the report was built
+        // and written after), and moves when someone edits it.
+        .and_then(|(_, path)| {
+            reports::window_end(&path).or_else(|| {
+                let modified = path.metadata().ok()?.modified().ok()?;
+                Some(DateTime::<Utc>::from(modified))
+            })
+        });
     Ok(last
         .filter(|t| *t < now)
         .unwrap_or(now - chrono::Duration::hours(24)))
@@ -99,7 +105,7 @@ pub fn run(session: &Session, args: &ReportArgs) -> anyhow::Result<i32> {
     let report = build(&inputs);
     let title = format!("doorbell report {date}");
     if args.daily {
-        let path = reports::write_daily(&bridge, &date, &report.markdown(&title))?;
+        let path = reports::write_daily(&bridge, &date, &report.markdown(&title), now)?;
         // With no daemon running, announce it now; a running daemon sees the file appear.
         drop(view);
         drop(crate::session::view(&bridge)?);

@@ -48,11 +48,36 @@ pub fn daily_reports(bridge: &Bridge) -> Result<Vec<(String, PathBuf)>> {
     Ok(reports)
 }
 
-/// Write the report for `date` atomically; returns its path.
-pub fn write_daily(bridge: &Bridge, date: &str, markdown: &str) -> Result<PathBuf> {
+/// The last line of a daily report: where its window ended, to the millisecond, for the next
+/// report's window to start (an HTML comment, which markdown does not show).
+const WINDOW_END: &str = "<!-- doorbell: window until ";
+
+/// Write the report for `date`, whose window ends at `until`, atomically; returns its path.
+pub fn write_daily(
+    bridge: &Bridge,
+    date: &str,
+    markdown: &str,
+    until: chrono::DateTime<chrono::Utc>,
+) -> Result<PathBuf> {
     let path = reports_dir(bridge)?.join(format!("{date}.md"));
-    crate::atomic::write_atomic(&path, markdown.as_bytes())?;
+    let until = until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let text = format!("{}\n\n{WINDOW_END}{until} -->\n", markdown.trim_end());
+    crate::atomic::write_atomic(&path, text.as_bytes())?;
     Ok(path)
+}
+
+/// Where the window of the daily report at `path` ended, as it says; `None` for a report
+/// that does not say (written by an older doorbell, or the line edited away).
+#[must_use]
+pub fn window_end(path: &Path) -> Option<chrono::DateTime<chrono::Utc>> {
+    let text = fs::read_to_string(path).ok()?;
+    let until = text
+        .lines()
+        .rev()
+        .find_map(|line| line.strip_prefix(WINDOW_END)?.strip_suffix(" -->"))?;
+    chrono::DateTime::parse_from_rfc3339(until)
+        .ok()
+        .map(|t| t.with_timezone(&chrono::Utc))
 }
 
 /// The reserved id of the note that announces the report of `date`.
