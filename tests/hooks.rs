@@ -442,6 +442,18 @@ fn bad_hook_input_is_a_clear_error_and_no_decision() {
         (vec!["Stop"], b"", "empty"),
         (vec!["Stop"], b"{not json", "not JSON"),
         (vec!["Stop"], b"[1, 2]", "not a JSON object"),
+        (vec!["Stop"], b"[]", "not a JSON object"),
+        (
+            vec!["Stop"],
+            br#"["UserPromptSubmit", "x"]"#,
+            "not a JSON object",
+        ),
+        (vec!["Stop"], b" [null, null, 1]", "not a JSON object"),
+        (
+            vec!["Stop", "--agent", "\u{1b}]0;pwned\u{7}\u{1b}[2J"],
+            &stop,
+            "\\u{1b}]0;pwned\\u{7}",
+        ),
         (vec!["Stop"], &huge, "over"),
         (vec!["Stop"], &mismatched, "set up for 'Stop'"),
         (vec!["Bogus"], &stop, "unknown event 'Bogus'"),
@@ -464,6 +476,7 @@ fn bad_hook_input_is_a_clear_error_and_no_decision() {
         assert_eq!(run.code, 1, "{args:?}: never 2, which blocks: {run:?}");
         assert_eq!(run.stdout, "", "{args:?}: no decision");
         assert!(run.stderr.contains(says), "{args:?}: {}", run.stderr);
+        assert!(!run.stderr.contains('\u{1b}'), "{args:?}: {}", run.stderr);
     }
     // Wrong before `hook`: `--dir $UNSET` takes `hook` for the folder, `--dir "$UNSET"` is
     // empty, a global option misspelled. Still a hook's command line, still never 2.

@@ -100,24 +100,32 @@ pub fn run(dir: Option<&Path>, config: Option<&Path>, args: &HookArgs) -> i32 {
         Ok(Some(output)) => {
             if let Err(error) = print(&output.json) {
                 // Nothing reached the harness: nothing counts as shown or said.
-                eprintln!("doorbell hook: printing the answer: {error}; nothing counts as shown");
+                say(&format!(
+                    "printing the answer: {error}; nothing counts as shown"
+                ));
                 output.unsaid();
                 return crate::exit::FAILURE;
             }
             match output.commit() {
                 Ok(()) => crate::exit::OK,
                 Err(error) => {
-                    eprintln!("doorbell hook: {error:#}");
+                    say(&format!("{error:#}"));
                     crate::exit::OK
                 }
             }
         }
         Ok(None) => crate::exit::OK,
         Err(error) => {
-            eprintln!("doorbell hook: {error:#}; no decision");
+            say(&format!("{error:#}; no decision"));
             crate::exit::FAILURE
         }
     }
+}
+
+/// Say `what` on stderr, which may be a terminal: a name or a path in it (an `--agent` of
+/// escapes) is made printable, as every command's errors are.
+fn say(what: &str) {
+    eprintln!("doorbell hook: {}", printable(what));
 }
 
 /// Write `json` to standard output, or say why it could not be. Output into `/dev/null`
@@ -158,7 +166,7 @@ impl Output {
     fn unsaid(self) {
         if let Some(before) = &self.unsaid {
             if let Err(error) = before.save(&self.state_path) {
-                eprintln!("doorbell hook: {error:#}");
+                say(&format!("{error:#}"));
             }
         }
     }
@@ -239,6 +247,10 @@ fn parse_input(harness: Harness, event: &str, input: &[u8]) -> anyhow::Result<In
     };
     if input.iter().all(u8::is_ascii_whitespace) {
         bail!("the hook's input is empty: the harness sends one JSON object on stdin");
+    }
+    // An array would be read field by field, in order: only an object is a harness's.
+    if input.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        bail!("the hook's input is not a JSON object: the harness sends one on stdin");
     }
     // Only the fields doorbell reads are parsed: the rest (a prompt, a tool's output) is
     // skipped unchecked, so a lone surrogate escape there (a Node harness cutting an emoji in
