@@ -307,6 +307,7 @@ impl Config {
             check_name(&entry.name, "loop", &mut names).map_err(bad)?;
         }
         a2a(file.a2a, &file.remote, &mut names, &mut config).map_err(bad)?;
+        check_human(&config.human, file.loops.iter().map(|l| l.name.as_str())).map_err(bad)?;
         for entry in &file.loops {
             let Some(owner) = &entry.owner else { continue };
             let refused = if !is_agent_name(owner) {
@@ -417,6 +418,22 @@ fn check_name(
     Ok(())
 }
 
+/// The station that gets escalations and the report: never a name no station may have, nor a
+/// loop's (a loop has no inbox).
+fn check_human<'a>(
+    human: &str,
+    mut loops: impl Iterator<Item = &'a str>,
+) -> std::result::Result<(), String> {
+    let why = if BUILTIN_LOOPS.contains(&human) || human == "all" {
+        "is reserved: no station may have it"
+    } else if loops.any(|name| name == human) {
+        "is a [[loop]], which has no inbox to receive escalations and the report"
+    } else {
+        return Ok(());
+    };
+    Err(format!("key 'human': '{human}' {why}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -481,5 +498,23 @@ mod tests {
     fn home_is_expanded() {
         let config = parse("dir = \"~/bridge\"\n").unwrap();
         assert!(!config.dir.unwrap().starts_with("~"));
+    }
+
+    #[test]
+    fn a_human_no_station_may_be_is_an_error_naming_the_key() {
+        for (text, says) in [
+            ("human = \"debt-loop\"\n", "is reserved"),
+            ("human = \"all\"\n", "is reserved"),
+            (
+                "human = \"cron\"\n[[loop]]\nname = \"cron\"\n",
+                "is a [[loop]]",
+            ),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(
+                err.contains("key 'human'") && err.contains(says),
+                "{text}: {err}"
+            );
+        }
     }
 }
