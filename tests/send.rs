@@ -413,3 +413,23 @@ fn a_broadcast_cut_short_by_a_locked_inbox_says_what_was_written_and_how_to_fini
         assert_eq!(line["id"], format!("{id}.{station}"));
     }
 }
+
+/// `--data` goes as it was given, on one line: a number's digits, `-0`, `1e2` and the order of
+/// the keys are the sender's, not a reformatting's.
+#[test]
+fn data_is_sent_as_given() {
+    let bridge = Bridge::with_agents(&["design", "web"]);
+    let data = "{\n  \"order\": 123456789012345678901234567890,\n  \"qty\": 1e2,\n  \"delta\": -0,\n  \"note\": \"a \\\"b\\\"\\n c\"\n}";
+    bridge
+        .doorbell(&["send", "--from", "design", "--to", "web", "--data", data])
+        .ok();
+    let lines = bridge.lines("web");
+    assert_eq!(lines.len(), 1);
+    let line = String::from_utf8(lines[0].clone()).unwrap();
+    assert!(
+        line.contains(
+            r#""data":{"order":123456789012345678901234567890,"qty":1e2,"delta":-0,"note":"a \"b\"\n c"}"#
+        ),
+        "{line}"
+    );
+}
