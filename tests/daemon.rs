@@ -1357,6 +1357,15 @@ fn a_reload_with_the_config_file_gone_keeps_the_old_one() {
     std::fs::rename(&config, config.with_extension("toml.moved")).unwrap();
     daemon.signal("HUP");
     daemon.expect_stderr("config not reloaded", Duration::from_secs(10));
+    // Back, naming another folder: said, and this one judged on.
+    let elsewhere = bridge.tmp.path().join("elsewhere");
+    std::fs::write(
+        &config,
+        format!("dir = {elsewhere:?}\n\n[[loop]]\nname = \"ci\"\n"),
+    )
+    .unwrap();
+    daemon.signal("HUP");
+    daemon.expect_stderr("the config's 'dir' changed", Duration::from_secs(10));
     bridge.append_raw(
         "web",
         format!("{}\n", line("01FROMCI", "ci", "web", "note", "")).as_bytes(),

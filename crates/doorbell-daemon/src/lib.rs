@@ -128,6 +128,13 @@ pub async fn run(
                     Ok(config) => {
                         loaded_from.clone_from(&config.path);
                         let path = config.path.clone();
+                        if config.dir != options.bridge.config.dir {
+                            tracing::warn!(
+                                ?path,
+                                judging = %options.bridge.dir().display(),
+                                "the config's 'dir' changed: it takes effect when the daemon starts; until then this one judges the folder it started on"
+                            );
+                        }
                         if (&config.remotes, config.a2a_listen)
                             != (&options.bridge.config.remotes, options.bridge.config.a2a_listen)
                         {
