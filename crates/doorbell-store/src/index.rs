@@ -521,8 +521,21 @@ impl Index {
             hold: std::sync::atomic::AtomicBool::new(false),
             ids: std::sync::OnceLock::new(),
         };
-        index.check_version()?;
-        Ok(Some(index))
+        match index.check_version() {
+            Ok(()) => Ok(Some(index)),
+            // No table at all: the writer made the file and has not made its tables yet (a
+            // first command's catch-up, a compaction). Nothing to read yet, nothing damaged.
+            Err(_) if index.has_no_tables() => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    fn has_no_tables(&self) -> bool {
+        self.conn()
+            .query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .is_ok_and(|tables| tables == 0)
     }
 
     fn check_version(&self) -> Result<()> {
@@ -1402,7 +1415,23 @@ impl IndexWriter {
 
 #[cfg(test)]
 mod tests {
-    use super::{IndexWriter, REFUSED_BEFORE};
+    use super::{Index, IndexWriter, REFUSED_BEFORE};
+
+    /// A reader that opens the index between its file being made and its tables (a first
+    /// catch-up, a compaction) finds nothing to read yet, not a damaged index; a file that is
+    /// not a database is still damaged.
+    #[test]
+    fn an_index_without_its_tables_yet_is_none_not_damaged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("index.db");
+        std::fs::write(&path, b"").unwrap();
+        assert!(Index::open_read(&path).unwrap().is_none());
+        drop(IndexWriter::open(&path).unwrap());
+        assert!(Index::open_read(&path).unwrap().is_some());
+        let garbage = dir.path().join("garbage.db");
+        std::fs::write(&garbage, vec![7u8; 8192]).unwrap();
+        assert!(Index::open_read(&garbage).is_err());
+    }
 
     /// A restored inbox asks once per refused line: the lookup must go by place, never scan
     /// the refusals of a whole inbox.
