@@ -1205,3 +1205,36 @@ fn an_argument_that_is_not_utf8_is_refused_not_a_crash() {
     assert!(!sent.stderr.contains("panicked"), "{}", sent.stderr);
     assert_eq!(std::fs::read(bridge.inbox("web")).unwrap(), b"");
 }
+
+/// `thread` takes the id of any message in the thread, as well as its contextId: a request
+/// that named its own `--context-id` is found by its id too.
+#[test]
+fn thread_of_a_message_id_is_its_thread() {
+    let bridge = bridge(&["web", "design", "human"]);
+    let id = bridge
+        .doorbell(&[
+            "send",
+            "--from",
+            "design",
+            "--to",
+            "web",
+            "--kind",
+            "request",
+            "--context-id",
+            "launch",
+            "ETA?",
+        ])
+        .ok()
+        .trim()
+        .to_owned();
+    bridge.reply(&id, "web", "completed", &[], "Friday");
+    for named in [id.as_str(), "launch"] {
+        let thread = bridge.doorbell(&["thread", named, "--json"]);
+        let messages = thread
+            .ok()
+            .lines()
+            .filter(|line| line.contains(r#""envelope""#))
+            .count();
+        assert_eq!(messages, 2, "{named}: {thread:?}");
+    }
+}

@@ -214,7 +214,8 @@ pub struct HookArgs {
 
 #[derive(Debug, Args)]
 pub struct ThreadArgs {
-    /// The thread's contextId (a request's id, unless it named another)
+    /// The thread's contextId (a request's id, unless it named another), or the id of any
+    /// message in it
     pub context: String,
     /// One JSON line per message
     #[arg(long)]

@@ -270,7 +270,14 @@ pub fn debts(session: &Session, args: &DebtsArgs) -> anyhow::Result<i32> {
 pub fn thread(session: &Session, args: &ThreadArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let context = args.context.as_str();
-    let messages = view(&bridge)?.thread(context)?;
+    let view = view(&bridge)?;
+    let mut messages = view.thread(context)?;
+    // A message's id names its thread too (a request that named another contextId).
+    if messages.is_empty() {
+        if let Some(named) = view.message(context)?.and_then(|found| found.context_id) {
+            messages = view.thread(&named)?;
+        }
+    }
     if messages.is_empty() {
         return Err(refused(format!("no thread '{context}' in the journal")));
     }
