@@ -1238,3 +1238,29 @@ fn thread_of_a_message_id_is_its_thread() {
         assert_eq!(messages, 2, "{named}: {thread:?}");
     }
 }
+
+/// `show` of a broadcast's id names the requests it stands for, as `wait`, `reply` and
+/// `cancel` take that id.
+#[test]
+fn show_of_a_broadcast_id_names_its_requests() {
+    let bridge = bridge(&["web", "design", "human"]);
+    let sent = bridge.doorbell(&[
+        "send", "--from", "design", "--to", "all", "--kind", "request", "who?",
+    ]);
+    let base = sent
+        .ok()
+        .lines()
+        .next()
+        .unwrap()
+        .rsplit_once('.')
+        .unwrap()
+        .0
+        .to_owned();
+    let shown = bridge.doorbell(&["show", &base]);
+    assert_eq!(shown.code, 2, "{shown:?}");
+    assert!(
+        shown.stderr.contains(&format!("{base}.human, {base}.web")),
+        "{}",
+        shown.stderr
+    );
+}

@@ -80,12 +80,25 @@ fn embeddable(bytes: &[u8]) -> Option<&RawValue> {
     serde_json::from_slice(bytes).ok()
 }
 
+/// Why `show id` has no message to show: a broadcast's id stands for its requests (as
+/// `wait`, `reply` and `cancel` take it), or there is none.
+fn not_a_message(view: &doorbell_store::View, id: &str) -> anyhow::Result<anyhow::Error> {
+    let named = view.requests_named(id)?;
+    Ok(match named.first() {
+        Some(first) => refused(format!(
+            "'{id}' is a broadcast: its requests are {} (doorbell show {first})",
+            named.join(", ")
+        )),
+        None => refused(format!("no message '{id}' in the journal")),
+    })
+}
+
 pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let view = view(&bridge)?;
     let id = args.id.as_str();
     let Some(record) = view.message(id)? else {
-        return Err(refused(format!("no message '{id}' in the journal")));
+        return Err(not_a_message(&view, id)?);
     };
     let bytes = record.line.as_deref();
     let envelope = bytes.and_then(embeddable);
