@@ -1247,15 +1247,7 @@ fn show_of_a_broadcast_id_names_its_requests() {
     let sent = bridge.doorbell(&[
         "send", "--from", "design", "--to", "all", "--kind", "request", "who?",
     ]);
-    let base = sent
-        .ok()
-        .lines()
-        .next()
-        .unwrap()
-        .rsplit_once('.')
-        .unwrap()
-        .0
-        .to_owned();
+    let base = crate::util::broadcast_id(sent.ok());
     let shown = bridge.doorbell(&["show", &base]);
     assert_eq!(shown.code, 2, "{shown:?}");
     assert!(

@@ -310,6 +310,17 @@ pub fn line(id: &str, from: &str, to: &str, kind: &str, extra: &str) -> String {
     )
 }
 
+/// The id a broadcast's requests share (`ID.station` each), from what `send` printed.
+#[track_caller]
+pub fn broadcast_id(printed: &str) -> String {
+    let first = printed.lines().next().expect("an id printed");
+    first
+        .rsplit_once('.')
+        .expect("a broadcast's id")
+        .0
+        .to_owned()
+}
+
 /// A running `doorbell daemon`, its stderr collected line by line.
 pub struct Daemon {
     pub child: std::process::Child,

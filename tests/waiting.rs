@@ -64,15 +64,7 @@ fn wait_on_a_broadcast_returns_when_every_station_has_answered() {
     let sent = bridge.doorbell(&[
         "send", "--from", "design", "--to", "web", "--to", "ops", "--kind", "request", "status?",
     ]);
-    let base = sent
-        .ok()
-        .lines()
-        .next()
-        .unwrap()
-        .rsplit_once('.')
-        .unwrap()
-        .0
-        .to_owned();
+    let base = crate::util::broadcast_id(sent.ok());
     let waiter = spawn(&bridge, &["wait", &base, "--json", "--timeout", "60s"]);
     for station in ["web", "ops"] {
         let id = format!("{base}.{station}");
