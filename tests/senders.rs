@@ -1000,3 +1000,35 @@ fn both_senders_hold_a_line_to_the_judges_limit_and_no_less() {
     bridge.doorbell(&["daemon", "--once"]).ok();
     assert_eq!(verdict_of(&bridge, script.stdout.trim()).0, "accepted");
 }
+
+/// A station of the config with no inbox yet may send notes, but not requests: the answer
+/// would go to its inbox, and its addressee would owe a debt no reply can pay. Both senders
+/// say so, and write nothing.
+#[test]
+fn both_senders_refuse_a_request_from_a_station_without_an_inbox() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    bridge.config("[[agent]]\nname = \"ops\"\n");
+    // The daemon publishes the config's names for the shell sender.
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let ask = [
+        "--from",
+        "ops",
+        "--to",
+        "web",
+        "--kind",
+        "request",
+        "rotate the keys?",
+    ];
+    let sent = bridge.doorbell(&[&["send"][..], &ask].concat());
+    let script = bridge.script(&ask, None);
+    for run in [sent, script] {
+        assert_eq!(run.code, 2, "{run:?}");
+        assert!(run.stderr.contains("doorbell agent add ops"), "{run:?}");
+    }
+    assert!(bridge.lines("web").is_empty());
+    bridge.send("ops", "web", "a note goes");
+    bridge
+        .script(&["--from", "ops", "--to", "web", "and so does this"], None)
+        .ok();
+    assert_eq!(bridge.lines("web").len(), 2);
+}

@@ -189,6 +189,16 @@ fn checked(
             ),
         });
     }
+    // A request's answers go to its sender's inbox: a station without one (an [[agent]] of
+    // the config not added yet) would leave its addressee a debt no reply can pay.
+    if kind == "request"
+        && !bridge.is_config_loop(&from)
+        && std::fs::symlink_metadata(&inbox).is_err()
+    {
+        return Err(refused(format!(
+            "'{from}' has no inbox, so the answer to its request would have nowhere to go: add it with 'doorbell agent add {from}', then ask"
+        )));
+    }
     let recipients = recipients(bridge, &message.to, &from)?;
     let (registry, max_line_bytes) = judges_terms(bridge, view, (&from, &kind))?;
     if !registry.knows(&from) {
