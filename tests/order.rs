@@ -549,3 +549,41 @@ fn a_blank_run_read_again_in_a_later_pass_has_one_verdict() {
         .collect();
     assert_eq!(blank.len(), 1, "{blank:?}");
 }
+
+#[test]
+fn a_line_in_a_conversations_turns_and_an_ids_takes_them_in_one_order() {
+    // bob's `completed` (in ann's inbox) has no createdAt and reuses the id of ann's earlier
+    // cancel; cat's note, written last, reuses it too. Its turn among R1's responses and its
+    // turn among D1's claims must agree, or each waits for the other and the sweep's end
+    // picks an order no live judge saw.
+    let response = |state: &str| format!(r#","correlatesTo":"R1","state":"{state}""#);
+    let no_time = (
+        "ann".to_owned(),
+        r#"{"id":"D1","from":"bob","to":"ann","kind":"response","correlatesTo":"R1","state":"completed","message":{"role":"agent","parts":[{"type":"text","text":"no time"}]}}"#.to_owned(),
+    );
+    let lines = vec![
+        envelope(
+            "R1",
+            0,
+            1,
+            "request",
+            r#","state":"submitted""#,
+            1000,
+            "ETA?",
+        ),
+        envelope(
+            "D1",
+            0,
+            1,
+            "response",
+            &response("canceled"),
+            3000,
+            "never mind",
+        ),
+        envelope("S1", 1, 0, "response", &response("working"), 5000, "on it"),
+        no_time,
+        envelope("D1", 0, 2, "note", "", 6000, "the same id"),
+    ];
+    let (live, caught_up) = both(&lines);
+    assert_eq!(caught_up, live);
+}

@@ -59,6 +59,8 @@ pub(crate) struct Turns {
     /// Each line in a turn: the queues it is in (its request's, its id's), and its place in
     /// each.
     at: HashMap<Place, Vec<(String, usize)>>,
+    /// Each line in a turn: where it stands in the one order all queues follow.
+    rank: HashMap<Place, Rank>,
 }
 
 /// The queue of the lines that claim `id`: no request's id (ids have no NUL).
@@ -107,25 +109,28 @@ fn head_of(line: &[u8]) -> Option<LineHead<'_>> {
     })
 }
 
-/// The places of `lines`, in the order they take turns: by their senders' times, each
-/// inbox's times made never to go back, so that sorting by them keeps every inbox's own
-/// order; a line without a time takes the one before it.
-fn in_turn_order(inboxes: &[Pending<'_>], lines: Vec<Seen>) -> Vec<Place> {
+/// Where a line stands in the one order every queue of a sweep follows: its time, its
+/// inbox, its offset.
+pub(crate) type Rank = (i64, usize, u64);
+
+/// The rank of every line in a queue: by its sender's time, each inbox's times made never to
+/// go back (a line without a time takes the one before it), so that every queue keeps every
+/// inbox's own order and no two queues order two lines differently (or each could wait for
+/// the other).
+fn ranks(queues: &[(String, Vec<Seen>)]) -> HashMap<(usize, u64), Rank> {
+    let mut lines: Vec<Seen> = queues
+        .iter()
+        .flat_map(|(_, lines)| lines.iter().copied())
+        .collect();
+    lines.sort_by_key(|&(index, offset, at)| (index, offset, at.is_none()));
+    lines.dedup_by_key(|&mut (index, offset, _)| (index, offset));
     let mut latest: HashMap<usize, i64> = HashMap::new();
-    let mut keyed: Vec<(i64, usize, u64)> = lines
+    lines
         .into_iter()
         .map(|(index, offset, at)| {
             let last = latest.entry(index).or_insert(i64::MIN);
             *last = (*last).max(at.unwrap_or(i64::MIN));
-            (*last, index, offset)
-        })
-        .collect();
-    keyed.sort_by_key(|(at, _, _)| *at);
-    keyed
-        .into_iter()
-        .map(|(_, index, offset)| {
-            let inbox = &inboxes[index];
-            (inbox.name.to_owned(), inbox.gen, offset)
+            ((index, offset), (*last, index, offset))
         })
         .collect()
 }
@@ -222,13 +227,29 @@ impl Turns {
             }
         }
         let mut turns = Turns::default();
-        let queues = responses
+        let queues: Vec<(String, Vec<Seen>)> = responses
             .into_iter()
             .filter(|(_, lines)| cross(lines))
-            .chain(by_id);
+            .chain(by_id)
+            .collect();
+        let ranks = ranks(&queues);
+        let place = |index: usize, offset: u64| {
+            let inbox = &inboxes[index];
+            (inbox.name.to_owned(), inbox.gen, offset)
+        };
         for (key, lines) in queues {
-            let lines = in_turn_order(inboxes, lines);
-            for (position, place) in lines.iter().enumerate() {
+            let mut ranked: Vec<Rank> = lines
+                .into_iter()
+                .map(|(index, offset, _)| ranks[&(index, offset)])
+                .collect();
+            ranked.sort_unstable();
+            ranked.dedup();
+            let lines: Vec<Place> = ranked
+                .iter()
+                .map(|&(_, index, offset)| place(index, offset))
+                .collect();
+            for (position, (place, rank)) in lines.iter().zip(ranked).enumerate() {
+                turns.rank.insert(place.clone(), rank);
                 turns
                     .at
                     .entry(place.clone())
@@ -279,6 +300,9 @@ impl Turns {
             .entry(place.clone())
             .or_default()
             .push((request.to_owned(), queue.lines.len()));
+        // After every line the scan saw.
+        self.rank
+            .insert(place.clone(), (i64::MAX, usize::MAX, place.2));
         queue.lines.push(place.clone());
         true
     }
@@ -318,10 +342,10 @@ impl Turns {
             .collect()
     }
 
-    /// Where `place` stands among the waiting: its first queue and its turn there, for
-    /// judging what still waits at the end of a sweep in the order of the turns.
-    pub fn order_of(&self, place: &Place) -> Option<(String, usize)> {
-        self.at.get(place).and_then(|turns| turns.first().cloned())
+    /// Where `place` stands in the one order of the turns, for judging what still waits at
+    /// the end of a sweep in that order.
+    pub fn order_of(&self, place: &Place) -> Option<Rank> {
+        self.rank.get(place).copied()
     }
 }
 

@@ -394,12 +394,12 @@ impl Judge {
         // What still waits for its turn (the line before it was never judged in this sweep)
         // is judged now, in the order of the turns, and before the held lines: a line with
         // the id of a waiting one waits among them.
-        let mut waiting: Vec<(Option<(String, usize)>, Held)> = held
+        let mut waiting: Vec<(Option<crate::turns::Rank>, Held)> = held
             .waiting
             .drain()
             .map(|(place, line)| (held.turns.order_of(&place), line))
             .collect();
-        waiting.sort_by(|a, b| a.0.cmp(&b.0));
+        waiting.sort_by_key(|(rank, _)| *rank);
         // A held line that comes before a waiting one in its turns (an id's first claim, held
         // for its request) is judged before it, as it was written before it.
         let mut lines = Vec::with_capacity(waiting.len() + rest.len());
