@@ -161,6 +161,10 @@ fn show_and_debts_answer_in_pages_and_counts_not_megabytes() {
         let thread = shown["thread"].as_array().unwrap();
         assert_eq!(thread.len(), 20, "the latest 20 of the thread");
         assert_eq!(shown["threadEarlier"], 11);
+        assert_eq!(
+            shown["message"]["from"], "design",
+            "the sender, on every page"
+        );
         let page = shown["message"]["text"].as_str().unwrap();
         let Some(next) = shown["message"]["next"].as_u64() else {
             text.push_str(page);

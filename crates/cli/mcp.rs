@@ -500,7 +500,7 @@ fn page_text(message: &mut Value, id: &str, from: usize) {
         let page = rest.to_owned();
         message["text"] = json!(page);
         if from > 0 {
-            message["from"] = json!(from);
+            message["textFrom"] = json!(from);
         }
         return;
     };
@@ -511,7 +511,8 @@ fn page_text(message: &mut Value, id: &str, from: usize) {
         &rest[..end]
     );
     message["text"] = json!(page);
-    message["from"] = json!(from);
+    // Where this page starts: `from` is the message's sender.
+    message["textFrom"] = json!(from);
     message["next"] = json!(next);
     message["truncated"] = json!(true);
 }
