@@ -370,3 +370,46 @@ fn a_wait_on_a_broadcast_the_judge_has_not_read_yet_waits_for_its_answers() {
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(stdout.lines().count(), 2, "{stdout}");
 }
+
+#[test]
+fn a_wait_on_a_broadcast_judged_in_two_sweeps_waits_for_every_request() {
+    let bridge = Bridge::with_agents(&["web", "design", "ops"]);
+    let _daemon = crate::util::Daemon::start(&bridge, &[]);
+    let base = "01BROADCASTTWOSWEEPS";
+    let request = |station: &str| {
+        let context = format!(r#","contextId":"{base}""#);
+        let line = crate::util::line(
+            &format!("{base}.{station}"),
+            "design",
+            station,
+            "request",
+            &context,
+        );
+        bridge.append_raw(station, format!("{line}\n").as_bytes());
+    };
+    let patience = std::time::Duration::from_secs(20);
+    // The judge has read one of the broadcast's inboxes when the wait begins.
+    request("ops");
+    bridge.wait_for(patience, "ops's request judged", |b| {
+        b.verdicts().len() == 1
+    });
+    let waiter = spawn(&bridge, &["wait", base, "--json", "--timeout", "60s"]);
+    let pid = waiter.id();
+    bridge.wait_for(patience, "the wait to have looked", |_| watches(pid) > 0);
+    request("web");
+    bridge.wait_for(patience, "web's request judged", |b| {
+        b.verdicts().len() == 2
+    });
+    for station in ["ops", "web"] {
+        bridge.reply(
+            &format!("{base}.{station}"),
+            station,
+            "completed",
+            &[],
+            "done",
+        );
+    }
+    let (code, stdout, stderr) = finish(waiter);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+}

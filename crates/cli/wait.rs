@@ -36,16 +36,8 @@ struct Awaited {
 }
 
 impl Awaited {
-    /// Take in an accepted line (its id, request and state) for the request `id`. Returns
-    /// whether it is one of the requests of a broadcast whose id `id` is, not judged when the
-    /// wait looked: then its requests stand for it, and the wait looks again.
-    fn saw(
-        &mut self,
-        id: &str,
-        line: &str,
-        correlates_to: Option<&str>,
-        state: Option<State>,
-    ) -> bool {
+    /// Take in an accepted line (its id, request and state) for the request `id`.
+    fn saw(&mut self, id: &str, line: &str, correlates_to: Option<&str>, state: Option<State>) {
         if line == id {
             self.known.get_or_insert((State::Submitted, 0));
         } else if correlates_to == Some(id) {
@@ -57,10 +49,6 @@ impl Awaited {
                 });
             }
         }
-        let of_broadcast = line
-            .strip_prefix(id)
-            .is_some_and(|rest| rest.starts_with('.'));
-        self.known.is_none() && of_broadcast
     }
 }
 
@@ -240,16 +228,28 @@ pub fn wait_for(
         if events.take_unjudged() {
             judge_if_idle(bridge)?;
         }
+        // A request of a broadcast waited on, judged since the wait last looked (the judge
+        // may read a broadcast's inboxes in several sweeps): its id is awaited too.
         let mut broadcast = false;
         follower.accepted(&mut |line| {
             for (id, a) in &mut awaited {
-                broadcast |= a.saw(id, &line.id, line.correlates_to.as_deref(), line.state);
+                a.saw(id, &line.id, line.correlates_to.as_deref(), line.state);
             }
+            broadcast |=
+                is_request_of(ids, &line.id) && !awaited.iter().any(|(id, _)| *id == line.id);
         })?;
         if broadcast {
             awaited = look(&crate::session::view(bridge)?)?;
         }
     }
+}
+
+/// Whether `line` is the id of a request of a broadcast among `ids` (`ID.station`).
+fn is_request_of(ids: &[String], line: &str) -> bool {
+    ids.iter().any(|id| {
+        line.strip_prefix(id.as_str())
+            .is_some_and(|rest| rest.starts_with('.'))
+    })
 }
 
 /// What the ledger knows of each awaited request. A broadcast's id stands for its requests;
