@@ -210,17 +210,21 @@ fn a_name_another_sender_has_is_never_a_new_station() {
         assert!(added.stderr.contains("is taken"), "{}", added.stderr);
         assert!(!bridge.inbox(name).exists(), "{name} got an inbox");
     }
-    // A loop named like a station: refused where it would bite, naming both.
+    // A station's name given to a loop: the name is the loop's, and its inbox is said to be
+    // read by nothing, naming both.
     let config = bridge.tmp.path().join("home/.config/doorbell");
     std::fs::create_dir_all(&config).unwrap();
     std::fs::write(config.join("doorbell.toml"), "[[loop]]\nname = \"web\"\n").unwrap();
-    let sent = bridge.doorbell(&["send", "--to", "design", "--from", "web", "hi"]);
-    assert_eq!(sent.code, 2, "{sent:?}");
+    let status = bridge.doorbell(&["status"]);
     assert!(
-        sent.stderr.contains("'web'") && sent.stderr.contains("web-inbox.jsonl"),
+        status
+            .stderr
+            .contains("web-inbox.jsonl is no inbox and nothing reads it: 'web' is a [[loop]]"),
         "{}",
-        sent.stderr
+        status.stderr
     );
+    let sent = bridge.doorbell(&["send", "--to", "web", "--from", "design", "hi"]);
+    assert_eq!(sent.code, 2, "{sent:?}");
     std::fs::write(config.join("doorbell.toml"), "[[loop]]\nname = \"ci\"\n").unwrap();
     let added = bridge.doorbell(&["agent", "add", "ci"]);
     assert_eq!(added.code, 2, "{added:?}");

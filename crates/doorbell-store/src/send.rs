@@ -175,32 +175,15 @@ fn checked(
     message: &Message,
 ) -> Result<(String, String, Vec<String>, Registry, usize)> {
     let (from, kind) = sender_and_kind(message)?;
-    // A loop with an inbox file too: the judge reads no such file, but a config that gave a
-    // station's name to a loop is more likely a slip than meant. Said where it bites.
-    let inbox = bridge
-        .dir()
-        .join(format!("{from}{}", crate::bridge::INBOX_SUFFIX));
-    if bridge.is_config_loop(&from) && std::fs::symlink_metadata(&inbox).is_ok() {
+    let (registry, max_line_bytes) = judges_terms(bridge, view, (&from, &kind))?;
+    let recipients = recipients(bridge, &message.to, &from)?;
+    // A loop of the judge's (whatever the config file says now) has no inbox it reads.
+    if let Some(to) = recipients.iter().find(|to| registry.loops.contains(*to)) {
         return Err(Error::NameTaken {
-            name: from.clone(),
-            why: format!(
-                "it is a [[loop]] in the config and also has the inbox {}, which nothing reads while the loop has the name; rename one of them",
-                inbox.display()
-            ),
+            name: to.clone(),
+            why: "it is a [[loop]] of the running judge's config, which sends and has no inbox; send to an agent instead".to_owned(),
         });
     }
-    // A request's answers go to its sender's inbox: a station without one (an [[agent]] of
-    // the config not added yet) would leave its addressee a debt no reply can pay.
-    if kind == "request"
-        && !bridge.is_config_loop(&from)
-        && std::fs::symlink_metadata(&inbox).is_err()
-    {
-        return Err(refused(format!(
-            "'{from}' has no inbox, so the answer to its request would have nowhere to go: add it with 'doorbell agent add {from}', then ask"
-        )));
-    }
-    let recipients = recipients(bridge, &message.to, &from)?;
-    let (registry, max_line_bytes) = judges_terms(bridge, view, (&from, &kind))?;
     if !registry.knows(&from) {
         let known: Vec<_> = registry.stations.iter().cloned().collect();
         return Err(refused(format!(
@@ -210,6 +193,19 @@ fn checked(
     }
     if let Some(why) = doorbell_core::judge::loop_refusal(&registry, &from, kind_of(&kind)) {
         return Err(refused(format!("refused: bad-field: {why}")));
+    }
+    // A request's answers go to its sender's inbox: a station without one (an [[agent]] of
+    // the config not added yet) would leave its addressee a debt no reply can pay.
+    let inbox = bridge
+        .dir()
+        .join(format!("{from}{}", crate::bridge::INBOX_SUFFIX));
+    if kind == "request"
+        && !registry.loops.contains(&from)
+        && std::fs::symlink_metadata(&inbox).is_err()
+    {
+        return Err(refused(format!(
+            "'{from}' has no inbox, so the answer to its request would have nowhere to go: add it with 'doorbell agent add {from}', then ask"
+        )));
     }
     Ok((from, kind, recipients, registry, max_line_bytes))
 }
