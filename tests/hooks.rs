@@ -932,11 +932,20 @@ fn the_command_a_blocked_stop_suggests_works_where_the_hook_ran() {
     let bridge = Bridge::with_agents(&["web", "design"]);
     let id = bridge.request("design", "web", "ETA for the footer?");
     let dir = bridge.dir().to_string_lossy().into_owned();
+    // Another doorbell comes first on PATH (an old install), this one after it.
+    let old = bridge.tmp.path().join("old-install");
+    std::fs::create_dir_all(&old).unwrap();
+    let stale = old.join("doorbell");
+    std::fs::write(&stale, "#!/bin/sh\necho 'an old doorbell' >&2\nexit 1\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&stale, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let bin = Path::new(crate::util::BIN).parent().unwrap();
+    let path = format!("{}:{}:/usr/bin:/bin", old.display(), bin.display());
     let harness_env = |command: &mut std::process::Command| {
         bridge.env(command);
-        command
-            .env_remove("DOORBELL_DIR")
-            .env("PATH", "/usr/bin:/bin");
+        command.env_remove("DOORBELL_DIR").env("PATH", &path);
     };
     let mut hook = std::process::Command::new(crate::util::BIN);
     harness_env(&mut hook);

@@ -26,20 +26,26 @@ impl Session {
     /// with `--dir`, in a harness without `DOORBELL_DIR`).
     pub fn program(&self) -> String {
         let exe = std::env::current_exe().and_then(std::fs::canonicalize).ok();
-        let on_path = std::env::var_os("PATH").is_some_and(|path| {
-            std::env::split_paths(&path).any(|dir| {
-                std::fs::canonicalize(dir.join("doorbell"))
-                    .ok()
-                    .is_some_and(|found| Some(found) == exe)
-            })
+        // The `doorbell` a shell finds first: another one earlier on PATH is not this one.
+        let found = std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join("doorbell"))
+                .find(|candidate| candidate.is_file())
         });
+        let on_path = found.and_then(|found| std::fs::canonicalize(found).ok()) == exe;
         let mut program = match &exe {
             Some(exe) if !on_path => shell_word(&exe.to_string_lossy()),
             _ => "doorbell".to_owned(),
         };
-        if doorbell_store::bridge::resolve_dir(None, &self.config) != self.dir {
+        let config = &self.config;
+        if config.path.is_some() && config.path != doorbell_store::config::default_path() {
+            let path = absolute(config.path.as_deref().unwrap_or(Path::new("")));
+            program.push_str(" --config ");
+            program.push_str(&shell_word(&path.to_string_lossy()));
+        }
+        if doorbell_store::bridge::resolve_dir(None, config) != self.dir {
             program.push_str(" --dir ");
-            program.push_str(&shell_word(&self.dir.to_string_lossy()));
+            program.push_str(&shell_word(&absolute(&self.dir).to_string_lossy()));
         }
         program
     }
@@ -135,4 +141,9 @@ pub fn shell_word(word: &str) -> String {
     } else {
         format!("'{}'", word.replace('\'', r"'\''"))
     }
+}
+
+/// `path` from the root, for a command run from another folder.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
