@@ -375,42 +375,60 @@ fn a_sender_that_waited_for_the_lock_stamps_its_line_after_the_lines_written_mea
 
 #[test]
 fn a_broadcast_cut_short_by_a_locked_inbox_says_what_was_written_and_how_to_finish() {
-    let bridge = Bridge::with_agents(&["design", "human", "ops", "web"]);
-    // Another process holds web's inbox lock (web is the last station written to).
-    let held = std::fs::File::open(bridge.inbox("web")).unwrap();
-    held.lock().unwrap();
-    let args = [
-        "send", "--to", "all", "--from", "design", "--kind", "request",
-    ];
-    let sent = bridge.doorbell(&[&args[..], &["who can review?"]].concat());
-    assert_eq!(sent.code, 1, "{sent:?}");
-    assert!(
-        sent.stderr.contains("written to human, ops only"),
-        "{}",
-        sent.stderr
-    );
-    let id = sent
-        .stderr
-        .split("--id ")
-        .nth(1)
-        .and_then(|rest| rest.split(':').next())
-        .unwrap_or_else(|| panic!("no id to send again with: {}", sent.stderr))
-        .to_owned();
-    assert!(
-        sent.stderr.contains(&format!("{id}.human, {id}.ops")),
-        "{}",
-        sent.stderr
-    );
-    drop(held);
-    // As told: each station then holds the request once.
-    bridge
-        .doorbell(&[&args[..], &["--id", &id, "who can review?"]].concat())
-        .ok();
-    for station in ["human", "ops", "web"] {
-        let lines = bridge.lines(station);
-        assert_eq!(lines.len(), 1, "{station}: {lines:?}");
-        let line: serde_json::Value = serde_json::from_slice(&lines[0]).unwrap();
-        assert_eq!(line["id"], format!("{id}.{station}"));
+    // A relative --reply-by is another time when sent again: the advice names the one written.
+    for extra in [&[][..], &["--reply-by", "2h"][..]] {
+        let bridge = Bridge::with_agents(&["design", "human", "ops", "web"]);
+        // Another process holds web's inbox lock (web is the last station written to).
+        let held = std::fs::File::open(bridge.inbox("web")).unwrap();
+        held.lock().unwrap();
+        let args = [
+            &[
+                "send", "--to", "all", "--from", "design", "--kind", "request",
+            ][..],
+            extra,
+        ]
+        .concat();
+        let sent = bridge.doorbell(&[&args[..], &["who can review?"]].concat());
+        assert_eq!(sent.code, 1, "{sent:?}");
+        assert!(
+            sent.stderr.contains("written to human, ops only")
+                && !sent.stderr.contains("nothing was written"),
+            "{}",
+            sent.stderr
+        );
+        let again: Vec<&str> = sent
+            .stderr
+            .split("send the same again with ")
+            .nth(1)
+            .and_then(|rest| rest.split(": what was written").next())
+            .unwrap_or_else(|| panic!("no way to finish: {}", sent.stderr))
+            .split(' ')
+            .collect();
+        let id = again[1].to_owned();
+        assert!(
+            sent.stderr.contains(&format!("{id}.human, {id}.ops")),
+            "{}",
+            sent.stderr
+        );
+        drop(held);
+        // As told: each station then holds the request once.
+        let mut retry = args.clone();
+        retry.retain(|a| !extra.contains(a));
+        retry.extend(&again);
+        retry.push("who can review?");
+        bridge.doorbell(&retry).ok();
+        bridge.doorbell(&["daemon", "--once"]).ok();
+        for station in ["human", "ops", "web"] {
+            let lines = bridge.lines(station);
+            assert_eq!(lines.len(), 1, "{station}: {lines:?}");
+            let line: serde_json::Value = serde_json::from_slice(&lines[0]).unwrap();
+            assert_eq!(line["id"], format!("{id}.{station}"));
+        }
+        assert!(
+            bridge.verdicts().iter().all(|v| v.2 == "accepted"),
+            "{:?}",
+            bridge.verdicts()
+        );
     }
 }
 

@@ -30,13 +30,14 @@ pub enum Error {
     #[error("{path} has been locked by another process for {secs} s (a writer that hangs?): nothing was written; try again, or find the holder with `fuser {path}`")]
     InboxLocked { path: PathBuf, secs: f64 },
     /// A message to several inboxes written to some of them only.
-    #[error("written to {written} only: {ids}; not to {failed}: {error}. To write the rest, send the same again with --id {id}: what was written is then taken as a duplicate, not delivered twice")]
+    #[error("written to {written} only: {ids}; not to {failed}, {why}{advice}")]
     PartlyWritten {
         written: String,
         ids: String,
         failed: String,
-        id: String,
-        error: Box<Error>,
+        why: String,
+        /// How to write the rest, when sending again can.
+        advice: String,
     },
     #[error("{path} has been locked by another process for {secs} s, so the cursor did not move: what was shown stays unread and is shown again; find the holder with `fuser {path}`")]
     CursorLocked { path: PathBuf, secs: f64 },

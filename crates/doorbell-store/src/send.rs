@@ -362,7 +362,7 @@ pub fn send_placed(bridge: &Bridge, view: Option<&View>, message: &Message) -> R
     }
     // Every recipient passed the pre-check: now write. A duplicate was already delivered.
     let who = (from.as_str(), kind.as_str());
-    write_placed(bridge, view, message, who, lines, base_id)
+    write_placed(bridge, view, message, who, lines, &base_id)
 }
 
 /// Write each recipient's line (none for a duplicate); a failure once some were written says
@@ -373,7 +373,7 @@ fn write_placed(
     message: &Message,
     who: (&str, &str),
     lines: Vec<(String, String, Option<String>)>,
-    base_id: String,
+    base_id: &str,
 ) -> Result<Vec<Placed>> {
     let mut placed: Vec<Placed> = Vec::with_capacity(lines.len());
     for (to, id, line) in lines {
@@ -391,8 +391,14 @@ fn write_placed(
                     written: list(&|p| p.inbox.as_str()),
                     ids: list(&|p| p.id.as_str()),
                     failed: to,
-                    id: base_id,
-                    error: Box::new(error),
+                    why: match &error {
+                        Error::InboxLocked { path, secs } => format!(
+                            "whose inbox {} has been locked by another process for {secs} s (a writer that hangs? `fuser` finds it)",
+                            path.display()
+                        ),
+                        error => format!("as {error}"),
+                    },
+                    advice: send_again(message, base_id, &error),
                 });
             }
         };
@@ -403,6 +409,23 @@ fn write_placed(
         });
     }
     Ok(placed)
+}
+
+/// How to write the rest of a message cut short by `error`: the same again, with its id and
+/// the time it must be answered by as written (a `--reply-by 2h` again would be another
+/// time, and another message); nothing, when what stopped it was a refusal.
+fn send_again(message: &Message, id: &str, error: &Error) -> String {
+    if matches!(error, Error::Refused { .. }) {
+        return String::new();
+    }
+    let reply_by = message
+        .reply_by
+        .as_deref()
+        .map(|at| format!(" --reply-by {at}"))
+        .unwrap_or_default();
+    format!(
+        ". To write the rest, send the same again with --id {id}{reply_by}: what was written is then taken as a duplicate, not delivered twice"
+    )
 }
 
 /// Append `line`, message `id` from `from` of `kind`, to `to`'s inbox, checked against what
