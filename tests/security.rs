@@ -472,10 +472,9 @@ fn hostile_inbox_file_names_are_never_read_as_inboxes() {
     assert!(!bridge.tmp.path().join("b-inbox.jsonl").exists());
 }
 
-/// An inbox file made by hand for a name no station may have (a built-in loop's, `all`) makes
-/// no station: nothing reads it, `status` says so, a request to it or from it is refused,
-/// and a broadcast goes to the stations only (before: `bridge` became a station owing debts
-/// no loop could pay).
+/// A file named for a `[[loop]]` of the config (one `touch` away for anyone who can write to
+/// the folder) is no inbox and stops nothing: judging goes on, neither sender writes to it,
+/// the loop sends by its rules, `status` and a restarted daemon say so.
 #[test]
 fn a_file_named_for_a_config_loop_is_no_inbox_and_stops_nothing() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
@@ -587,6 +586,10 @@ fn a_reload_naming_a_loop_owner_that_is_no_station_stops_no_judging() {
     );
 }
 
+/// An inbox file made by hand for a name no station may have (a built-in loop's, `all`) makes
+/// no station: nothing reads it, `status` says so, a request to it or from it is refused,
+/// and a broadcast goes to the stations only (before: `bridge` became a station owing debts
+/// no loop could pay).
 #[test]
 fn inbox_files_for_reserved_names_make_no_station() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
