@@ -1256,3 +1256,25 @@ fn show_of_a_broadcast_id_names_its_requests() {
         shown.stderr
     );
 }
+
+/// A debt whose debtor is no station now (its inbox deleted) is still owed: `status` says so
+/// rather than counting it in no row, and `debts --owed-by` takes the name `debts` prints.
+#[test]
+fn a_debt_of_a_station_whose_inbox_is_gone_is_said() {
+    let bridge = bridge(&["web", "design", "human"]);
+    let id = bridge.request("design", "web", "ETA?");
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    std::fs::remove_file(bridge.inbox("web")).unwrap();
+    let status = bridge.doorbell(&["status"]);
+    assert!(
+        status.stderr.contains(&format!(
+            "web owes design an answer to {id}, but web is no station now"
+        )) && status
+            .stderr
+            .contains(&format!("doorbell cancel {id} --from design")),
+        "{}",
+        status.stderr
+    );
+    let owed = bridge.doorbell(&["debts", "--owed-by", "web"]);
+    assert!(owed.ok().contains(&id), "{owed:?}");
+}

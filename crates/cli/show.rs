@@ -207,9 +207,12 @@ struct DebtOut<'a> {
 
 pub fn debts(session: &Session, args: &DebtsArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
+    let open = view(&bridge)?.debts()?;
     if let Some(name) = &args.owed_by {
         let registry = bridge.registry()?;
-        if !registry.stations.contains(name) {
+        // A debtor that is no station now (its inbox gone) still owes what it owed.
+        let owes = open.iter().any(|r| r.debtor_station() == name);
+        if !registry.stations.contains(name) && !owes {
             let known: Vec<&str> = registry.stations.iter().map(String::as_str).collect();
             return Err(crate::exit::refused(format!(
                 "--owed-by: no station '{name}' (known: {}); only a station owes",
@@ -217,7 +220,6 @@ pub fn debts(session: &Session, args: &DebtsArgs) -> anyhow::Result<i32> {
             )));
         }
     }
-    let open = view(&bridge)?.debts()?;
     let debts: Vec<DebtOut<'_>> = open
         .iter()
         .filter(|d| {

@@ -294,7 +294,29 @@ pub fn status(view: &mut View) -> Result<Status> {
             ..AgentStatus::default()
         });
     }
+    let mut warnings = Vec::new();
     for debt in &debts {
+        // A debt whose debtor or creditor is no station now (its inbox deleted, its
+        // [[agent]] removed) is counted in no row: said instead.
+        let (debtor, creditor) = (debt.debtor_station(), debt.creditor_station());
+        let gone = [debtor, creditor]
+            .into_iter()
+            .find(|name| !agents.contains_key(*name) && !config.loops.iter().any(|l| l == name));
+        if let Some(gone) = gone {
+            let requester = debt.requester_station();
+            let or_cancel = if gone == requester {
+                String::new()
+            } else {
+                format!(
+                    ", or {requester} cancels it (doorbell cancel {} --from {requester})",
+                    debt.id
+                )
+            };
+            warnings.push(format!(
+                "{debtor} owes {creditor} an answer to {}, but {gone} is no station now (its inbox gone?): nobody can answer it until it is one again (doorbell agent add {gone}){or_cancel}",
+                debt.id
+            ));
+        }
         if let Some(agent) = agents.get_mut(debt.debtor_station()) {
             agent.owes += 1;
         }
@@ -302,7 +324,6 @@ pub fn status(view: &mut View) -> Result<Status> {
             agent.is_owed += 1;
         }
     }
-    let mut warnings = Vec::new();
     for agent in agents.values_mut().filter(|a| a.has_inbox) {
         if let Some(journal) = view.inboxes().get(&agent.name) {
             agent.last_activity = DateTime::from_timestamp_millis(journal.last_accepted_at)
