@@ -1277,4 +1277,20 @@ fn a_debt_of_a_station_whose_inbox_is_gone_is_said() {
     );
     let owed = bridge.doorbell(&["debts", "--owed-by", "web"]);
     assert!(owed.ok().contains(&id), "{owed:?}");
+    // Nor is its line said to be where it was.
+    let shown = bridge.doorbell(&["show", &id]);
+    assert!(
+        shown
+            .ok()
+            .contains("was in web-inbox.jsonl at byte 0; no longer there"),
+        "{shown:?}"
+    );
+    let shown: Value =
+        serde_json::from_str(bridge.doorbell(&["show", &id, "--json"]).ok()).unwrap();
+    assert!(
+        shown["missing"]
+            .as_str()
+            .is_some_and(|m| m.contains("no longer there")),
+        "{shown}"
+    );
 }

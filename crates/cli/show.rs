@@ -45,6 +45,9 @@ struct Shown<'a> {
     state: Option<&'a str>,
     thread: Option<&'a str>,
     envelope: Option<&'a RawValue>,
+    /// Why the line is not there to show, when it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    missing: Option<&'a str>,
 }
 
 /// Where the line is: its inbox's file, or an earlier one (replaced since), and its byte.
@@ -58,11 +61,18 @@ fn where_it_is(view: &doorbell_store::View, found: &doorbell_store::view::Found)
     } else {
         ("", "")
     };
-    format!(
+    let place = format!(
         "in {file}{}-inbox.jsonl{since} at byte {}",
         found.inbox, found.offset
-    )
+    );
+    match found.line {
+        Some(_) => place,
+        None => format!("was {place}; {GONE}"),
+    }
 }
+
+/// Why a message's line cannot be shown.
+const GONE: &str = "no longer there (the inbox was deleted, or replaced)";
 
 /// When the addressee closed `request` with its answer (not a cancel, not a `working`).
 fn answered_at(request: &doorbell_core::Request) -> Option<chrono::DateTime<Utc>> {
@@ -137,6 +147,7 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
         state: request.as_ref().map(|r| r.state.as_str()),
         thread: record.context_id.as_deref(),
         envelope,
+        missing: bytes.is_none().then_some(GONE),
     };
     if args.json {
         out!("{}", serde_json::to_string(&shown)?)?;
