@@ -42,6 +42,8 @@ pub enum Input {
     Rescan,
     /// A daily report was written: announce it.
     Reports,
+    /// A reader moved its cursor: the board's unread counts changed.
+    Read,
     /// Use this (validated) config for lines judged from now on.
     Reload(Box<Config>),
     /// Look at the deadlines again (one came sooner).
@@ -71,6 +73,8 @@ struct Batch {
     dirty: BTreeSet<String>,
     rescan: bool,
     reports: bool,
+    /// A reader moved its cursor.
+    read: bool,
     /// Told to stop, or the folder went: the end of judging.
     end: Option<Input>,
     /// A new config to judge with from now on (the latest, when several came).
@@ -361,6 +365,7 @@ fn receive(inputs: &Receiver<Input>, next: Option<Instant>) -> Batch {
             }
             Input::Rescan => batch.rescan = true,
             Input::Reports => batch.reports = true,
+            Input::Read => batch.read = true,
             Input::Reload(config) => {
                 batch.config = Some(*config);
                 batch.reloads += 1;
@@ -391,6 +396,11 @@ fn step(
         batch.rescan || due.retry.is_some(),
         batch.reports || due.retry.is_some(),
     );
+    // What was read changes the board's unread counts, though nothing was judged.
+    if batch.read && judge.bridge().config.board {
+        due.board
+            .get_or_insert_with(|| Instant::now() + BOARD_AFTER);
+    }
     let now = Utc::now();
     let stats = if rescan {
         Some(judge.sweep_all(now)?)

@@ -77,7 +77,7 @@ impl Events {
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
                 let wake = match change(&event) {
-                    Change::Nothing | Change::Reports => false,
+                    Change::Nothing | Change::Reports | Change::Cursor => false,
                     Change::Journal => true,
                     Change::Inbox(_) | Change::Rescan if judge_running(&lock) => {
                         // The judge holding the lock may not be the one that reads this

@@ -91,6 +91,8 @@ pub enum Change {
     Journal,
     /// A daily report was written.
     Reports,
+    /// A reader moved its cursor (the board's unread counts change).
+    Cursor,
     /// Events were lost, or the watcher failed: look at everything.
     Rescan,
 }
@@ -109,6 +111,7 @@ pub fn change(event: &notify::Result<notify::Event>) -> Change {
     let mut inboxes = Vec::new();
     let mut journal = false;
     let mut reports = false;
+    let mut cursor = false;
     for path in &event.paths {
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
             continue;
@@ -128,6 +131,8 @@ pub fn change(event: &notify::Result<notify::Event>) -> Change {
                 .is_some_and(|p| p == doorbell_store::bridge::STATE_DIR)
         {
             journal = true;
+        } else {
+            cursor |= name.ends_with(doorbell_store::bridge::CURSOR_SUFFIX);
         }
     }
     if !inboxes.is_empty() {
@@ -136,6 +141,8 @@ pub fn change(event: &notify::Result<notify::Event>) -> Change {
         Change::Journal
     } else if reports {
         Change::Reports
+    } else if cursor {
+        Change::Cursor
     } else {
         Change::Nothing
     }
@@ -154,6 +161,7 @@ pub fn hints(event: &notify::Result<notify::Event>) -> Vec<Input> {
         }
         Change::Inbox(names) => names.into_iter().map(Input::Inbox).collect(),
         Change::Reports => vec![Input::Reports],
+        Change::Cursor => vec![Input::Read],
         Change::Nothing | Change::Journal => Vec::new(),
     }
 }
@@ -182,6 +190,11 @@ mod tests {
             .add_path("/b/web-inbox.cursor".into())
             .add_path("/b/notes.txt".into());
         assert_eq!(names(&hints(&Ok(event))), ["web"]);
+        let read = Event::new(EventKind::Modify(ModifyKind::Name(
+            notify::event::RenameMode::To,
+        )))
+        .add_path("/b/web-inbox.cursor".into());
+        assert_eq!(names(&hints(&Ok(read))), ["Read"]);
         let create =
             Event::new(EventKind::Create(CreateKind::File)).add_path("/b/new-inbox.jsonl".into());
         assert_eq!(names(&hints(&Ok(create))), ["new"]);
