@@ -1293,4 +1293,8 @@ fn a_debt_of_a_station_whose_inbox_is_gone_is_said() {
             .is_some_and(|m| m.contains("no longer there")),
         "{shown}"
     );
+    // The JSON says who owes whom, as the text does.
+    assert_eq!(shown["owed"]["debtor"], "web", "{shown}");
+    assert_eq!(shown["owed"]["creditor"], "design", "{shown}");
+    assert_eq!(shown["owed"]["rings"], 0, "{shown}");
 }

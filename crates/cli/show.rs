@@ -48,6 +48,30 @@ struct Shown<'a> {
     /// Why the line is not there to show, when it is not.
     #[serde(skip_serializing_if = "Option::is_none")]
     missing: Option<&'a str>,
+    /// Who owes whom an answer, while the request is open (as the text says).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owed: Option<Owed>,
+}
+
+/// An open request's debt.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Owed {
+    debtor: String,
+    creditor: String,
+    since: String,
+    rings: u32,
+}
+
+impl Owed {
+    fn of(request: &doorbell_core::Request) -> Option<Owed> {
+        request.is_open().then(|| Owed {
+            debtor: request.debtor_station().to_owned(),
+            creditor: request.creditor().to_owned(),
+            since: rfc(request.state_since),
+            rings: request.rings_total,
+        })
+    }
 }
 
 /// Where the line is: its inbox's file, or an earlier one (replaced since), and its byte.
@@ -148,6 +172,7 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
         thread: record.context_id.as_deref(),
         envelope,
         missing: bytes.is_none().then_some(GONE),
+        owed: request.as_deref().and_then(Owed::of),
     };
     if args.json {
         out!("{}", serde_json::to_string(&shown)?)?;
