@@ -148,12 +148,12 @@ fn leading_id(line: &[u8]) -> Option<&str> {
     std::str::from_utf8(id).ok()
 }
 
-/// The sender's time of the line of `len` bytes at `offset`, read again.
-fn time_at(file: &File, offset: u64, len: usize) -> Option<i64> {
+/// The line of `len` bytes at `offset`, read again.
+fn line_at(file: &File, offset: u64, len: usize) -> Option<Vec<u8>> {
     use std::os::unix::fs::FileExt;
     let mut bytes = vec![0; len];
     file.read_exact_at(&mut bytes, offset).ok()?;
-    head_of(&bytes)?.at
+    Some(bytes)
 }
 
 /// Whether `lines` come from more than one inbox.
@@ -168,11 +168,8 @@ impl Turns {
     pub fn scan(inboxes: &[Pending<'_>], max_line_bytes: usize) -> Turns {
         // Per request: each response's inbox, offset and time, in reading order.
         let mut responses: HashMap<String, Vec<Seen>> = HashMap::new();
-        // Per id (its hash, so that a backlog's ids are not all copied): the first inbox that
-        // claims it, and whether another does too; and every line's id hash, inbox, offset
-        // and length, in order.
-        let mut claimed: HashMap<u64, (usize, bool)> = HashMap::new();
-        let mut several: HashMap<u64, String> = HashMap::new();
+        // Every line's id (its hash, so that a backlog's ids are not all copied), inbox,
+        // offset and length.
         let mut lines: Vec<(u64, usize, u64, usize)> = Vec::new();
         let mut reader = LineReader::new(max_line_bytes);
         for (index, pending) in inboxes.iter().enumerate() {
@@ -205,26 +202,37 @@ impl Turns {
                     }
                 };
                 let hash = xxhash_rust::xxh3::xxh3_64(id.as_bytes());
-                let first = claimed.entry(hash).or_insert((index, false));
-                if first.0 != index && !first.1 {
-                    first.1 = true;
-                    several.insert(hash, id.into_owned());
-                }
                 lines.push((hash, index, offset, bytes.len()));
                 Ok(())
             });
         }
         // The lines of the ids claimed in several inboxes, with their times (read again: they
-        // are few).
-        let mut by_id: HashMap<String, Vec<Seen>> = HashMap::new();
-        for (hash, index, offset, len) in lines {
-            if let Some(id) = several.get(&hash) {
-                let at = time_at(&inboxes[index].file, offset, len);
-                by_id
-                    .entry(id_turn(id))
-                    .or_default()
-                    .push((index, offset, at));
+        // are few). Sorted by hash, the lines of one id are together.
+        lines.sort_unstable();
+        let mut by_id: Vec<(String, Vec<Seen>)> = Vec::new();
+        for same in lines.chunk_by(|a, b| a.0 == b.0) {
+            if same.iter().all(|line| line.1 == same[0].1) {
+                continue;
             }
+            let (_, index, offset, len) = same[0];
+            let Some(id) = line_at(&inboxes[index].file, offset, len).and_then(|bytes| {
+                let id = match leading_id(&bytes) {
+                    Some(id) => id.to_owned(),
+                    None => head_of(&bytes)?.id?.into_owned(),
+                };
+                Some(id)
+            }) else {
+                continue;
+            };
+            let seen = same
+                .iter()
+                .map(|&(_, index, offset, len)| {
+                    let at = line_at(&inboxes[index].file, offset, len)
+                        .and_then(|bytes| head_of(&bytes)?.at);
+                    (index, offset, at)
+                })
+                .collect();
+            by_id.push((id_turn(&id), seen));
         }
         let mut turns = Turns::default();
         let queues: Vec<(String, Vec<Seen>)> = responses
