@@ -325,6 +325,20 @@ fn a_line_that_an_unjudged_line_would_get_refused_is_refused_at_once() {
     daemon.kill();
 }
 
+/// Append design's request `base.station` of broadcast `base` to `station`'s inbox, as
+/// `send --to all` writes it.
+fn broadcast_request(bridge: &Bridge, base: &str, station: &str) {
+    let context = format!(r#","contextId":"{base}""#);
+    let line = crate::util::line(
+        &format!("{base}.{station}"),
+        "design",
+        station,
+        "request",
+        &context,
+    );
+    bridge.append_raw(station, format!("{line}\n").as_bytes());
+}
+
 /// The inotify instances process `pid` holds: a `wait` has one once it has looked at the
 /// ledger and watches for what comes next.
 fn watches(pid: u32) -> usize {
@@ -344,15 +358,7 @@ fn a_wait_on_a_broadcast_the_judge_has_not_read_yet_waits_for_its_answers() {
     daemon.signal("STOP");
     let base = "01BROADCASTNOTJUDGED";
     for station in ["ops", "web"] {
-        let context = format!(r#","contextId":"{base}""#);
-        let request = crate::util::line(
-            &format!("{base}.{station}"),
-            "design",
-            station,
-            "request",
-            &context,
-        );
-        bridge.append_raw(station, format!("{request}\n").as_bytes());
+        broadcast_request(&bridge, base, station);
     }
     let waiter = spawn(&bridge, &["wait", base, "--json", "--timeout", "60s"]);
     let pid = waiter.id();
@@ -376,17 +382,7 @@ fn a_wait_on_a_broadcast_judged_in_two_sweeps_waits_for_every_request() {
     let bridge = Bridge::with_agents(&["web", "design", "ops"]);
     let _daemon = crate::util::Daemon::start(&bridge, &[]);
     let base = "01BROADCASTTWOSWEEPS";
-    let request = |station: &str| {
-        let context = format!(r#","contextId":"{base}""#);
-        let line = crate::util::line(
-            &format!("{base}.{station}"),
-            "design",
-            station,
-            "request",
-            &context,
-        );
-        bridge.append_raw(station, format!("{line}\n").as_bytes());
-    };
+    let request = |station: &str| broadcast_request(&bridge, base, station);
     let patience = std::time::Duration::from_secs(20);
     // The judge has read one of the broadcast's inboxes when the wait begins.
     request("ops");
