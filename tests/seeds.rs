@@ -468,7 +468,15 @@ fn the_board_follows_the_bridge_and_rests_when_it_does() {
     bridge.wait_for(patience, "the board to show what was read", |_| {
         read(&board).contains("| web | 0 | 0 | 1 |")
     });
-    drop(daemon);
+    // Stopped, the daemon leaves a board that names no judge.
+    let mut daemon = daemon;
+    daemon.signal("TERM");
+    assert_eq!(daemon.wait_exit(patience), Some(0));
+    assert!(
+        read(&board).contains("· judge: none running (the daemon stopped"),
+        "{}",
+        read(&board)
+    );
     // `status --format markdown` is the same board.
     let markdown = bridge.doorbell(&["status", "--format", "markdown"]);
     assert!(

@@ -526,6 +526,11 @@ fn finish(
         judge.emit(Utc::now(), &mut stats)?;
     }
     judge.checkpoint()?;
+    if judge.bridge().config.board {
+        if let Err(error) = doorbell_store::board::write_stopped(judge.bridge()) {
+            tracing::warn!(%error, "could not write the board (STATUS.md)");
+        }
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -405,7 +405,16 @@ fn cell(text: &str) -> String {
 /// The board as markdown: `status`, then the stalled debts oldest first, what waits on the
 /// human, and the refusals since local midnight.
 pub fn markdown(view: &mut View, now: DateTime<Utc>) -> Result<String> {
-    let status = status(view)?;
+    markdown_judged_by(view, now, None)
+}
+
+/// [`markdown`], saying `judge` for the judge when given (a daemon's last board, written as
+/// it stops, while it still holds the lock).
+fn markdown_judged_by(view: &mut View, now: DateTime<Utc>, judge: Option<&str>) -> Result<String> {
+    let mut status = status(view)?;
+    if let Some(judge) = judge {
+        judge.clone_into(&mut status.judge);
+    }
     let config = view.bridge().config.clone();
     let stalled_after =
         chrono::Duration::from_std(config.debts.stalled_after).unwrap_or(chrono::Duration::MAX);
@@ -500,7 +509,21 @@ pub fn markdown(view: &mut View, now: DateTime<Utc>) -> Result<String> {
 
 /// Write the board (`STATUS.md`) from what the index and the journal say now, atomically.
 pub fn write(bridge: &Bridge) -> Result<()> {
+    write_judged_by(bridge, None)
+}
+
+/// Write the board as the daemon stops: it names no judge (the next start, or a command's
+/// catch-up, judges what comes meanwhile).
+pub fn write_stopped(bridge: &Bridge) -> Result<()> {
+    let stopped = format!(
+        "none running (the daemon stopped {})",
+        Local::now().format("%a %-d %b %H:%M")
+    );
+    write_judged_by(bridge, Some(&stopped))
+}
+
+fn write_judged_by(bridge: &Bridge, judge: Option<&str>) -> Result<()> {
     let mut view = View::unjudged_as_judge(bridge)?;
-    let text = markdown(&mut view, Utc::now())?;
+    let text = markdown_judged_by(&mut view, Utc::now(), judge)?;
     crate::atomic::write_atomic_unsynced(&bridge.dir().join(BOARD_FILE), text.as_bytes())
 }
