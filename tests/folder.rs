@@ -1088,7 +1088,7 @@ fn status_says_an_inbox_was_restored_to_an_older_copy() {
     assert!(
         status
             .stderr
-            .contains("lines after the copy it was restored from are no longer in it"),
+            .contains("some of its lines are no longer in it (restored from an older copy"),
         "{}",
         status.stderr
     );
@@ -1096,7 +1096,7 @@ fn status_says_an_inbox_was_restored_to_an_older_copy() {
     assert!(
         status
             .stderr
-            .contains("web had not read all of it and is not shown those lines again"),
+            .contains("web had not read all of the file before, and is not shown what of it is no longer in the file"),
         "{}",
         status.stderr
     );

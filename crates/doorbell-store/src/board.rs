@@ -130,7 +130,7 @@ fn new_generation(
     if length < judged_before {
         let _ = write!(
             text,
-            "; it is shorter than what was judged of the file before ({judged_before} bytes, now {length}): lines after the copy it was restored from are no longer in it (a rotation keeps them in the old file, such as {name}-inbox.jsonl.1)"
+            "; it is shorter than what was judged of the file before ({judged_before} bytes, now {length}): some of its lines are no longer in it (restored from an older copy, edited, or rotated: a rotation keeps them in the old file, such as {name}-inbox.jsonl.1)"
         );
         // Whether its reader had read the file replaced to the end.
         let unread = match journal.unread_from {
@@ -141,7 +141,7 @@ fn new_generation(
         if unread {
             let _ = write!(
                 text,
-                "; {name} had not read all of it and is not shown those lines again: read them there, or ask their senders to send them again"
+                "; {name} had not read all of the file before, and is not shown what of it is no longer in the file: read it there, or ask its senders to send it again (what is still in the file is shown again)"
             );
         } else {
             let _ = write!(text, ", and their senders may have to send them again");
