@@ -1228,15 +1228,39 @@ fn thread_of_a_message_id_is_its_thread() {
         .trim()
         .to_owned();
     bridge.reply(&id, "web", "completed", &[], "Friday");
-    for named in [id.as_str(), "launch"] {
+    let messages_in = |named: &str| {
         let thread = bridge.doorbell(&["thread", named, "--json"]);
-        let messages = thread
+        thread
             .ok()
             .lines()
             .filter(|line| line.contains(r#""envelope""#))
-            .count();
-        assert_eq!(messages, 2, "{named}: {thread:?}");
+            .count()
+    };
+    for named in [id.as_str(), "launch"] {
+        assert_eq!(messages_in(named), 2, "{named}");
     }
+    // A follow-up names the request's id as its own thread: `thread ID` is that thread,
+    // and says ID is also a message of thread `launch`.
+    bridge
+        .doorbell(&[
+            "send",
+            "--from",
+            "web",
+            "--to",
+            "design",
+            "--context-id",
+            &id,
+            "see also",
+        ])
+        .ok();
+    let both = bridge.doorbell(&["thread", &id]);
+    assert!(
+        both.stderr.contains(&format!(
+            "{id} is also the id of a message in thread launch"
+        )),
+        "{both:?}"
+    );
+    assert_eq!(messages_in(&id), 1);
 }
 
 /// `show` of a broadcast's id names the requests it stands for, as `wait`, `reply` and

@@ -323,10 +323,18 @@ pub fn thread(session: &Session, args: &ThreadArgs) -> anyhow::Result<i32> {
     let context = args.context.as_str();
     let view = view(&bridge)?;
     let mut messages = view.thread(context)?;
-    // A message's id names its thread too (a request that named another contextId).
-    if messages.is_empty() {
-        if let Some(named) = view.message(context)?.and_then(|found| found.context_id) {
+    // A message's id names its thread too (a request that named another contextId). When
+    // the name is a thread's and also the id of a message in another thread, both are said.
+    if let Some(named) = view.message(context)?.and_then(|found| found.context_id) {
+        if messages.is_empty() {
             messages = view.thread(&named)?;
+        } else if named != context {
+            eprintln!(
+                "doorbell: {} is also the id of a message in thread {} (doorbell thread {})",
+                output::printable(context),
+                output::printable(&named),
+                output::printable(&named)
+            );
         }
     }
     if messages.is_empty() {
