@@ -1322,3 +1322,29 @@ fn a_debt_of_a_station_whose_inbox_is_gone_is_said() {
     assert_eq!(shown["owed"]["creditor"], "design", "{shown}");
     assert_eq!(shown["owed"]["rings"], 0, "{shown}");
 }
+
+/// Lines a stopped (or stuck) judge has not judged are counted nowhere: `status` says they
+/// wait, once they have waited a while, rather than "0 unread".
+#[test]
+fn status_says_lines_a_stopped_judge_has_not_judged() {
+    let bridge = bridge(&["web", "design", "human"]);
+    let daemon = crate::util::Daemon::start(&bridge, &[]);
+    daemon.signal("STOP");
+    let note = crate::util::line("01NOTJUDGED", "design", "web", "note", "");
+    bridge.append_raw("web", format!("{note}\n").as_bytes());
+    // Written a minute ago, as far as the file says.
+    let a_minute_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    std::fs::File::options()
+        .append(true)
+        .open(bridge.inbox("web"))
+        .unwrap()
+        .set_modified(a_minute_ago)
+        .unwrap();
+    let status = bridge.doorbell(&["status"]);
+    daemon.signal("CONT");
+    assert!(
+        status.stderr.contains("web's inbox has") && status.stderr.contains("has not judged"),
+        "{}",
+        status.stderr
+    );
+}

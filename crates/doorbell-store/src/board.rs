@@ -150,6 +150,36 @@ fn new_generation(
     Some(text)
 }
 
+/// Lines written to `name`'s inbox a while ago that the running judge has not judged (it is
+/// stopped, or stuck): they are not counted as unread, nor shown, until it does.
+fn judge_behind(
+    bridge: &Bridge,
+    name: &str,
+    journal: &crate::journal::InboxJournal,
+    judge: &str,
+) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(bridge.inbox_path(name).ok()?).ok()?;
+    let idle = meta.modified().ok()?.elapsed().ok()?;
+    let same = (meta.dev(), meta.ino()) == (journal.dev, journal.ino);
+    let behind = meta.len().saturating_sub(journal.judged_to);
+    // A last line without its newline is `unfinished_line`'s to say.
+    let ended = {
+        use std::os::unix::fs::FileExt;
+        let file = crate::append::open_inbox(&bridge.inbox_path(name).ok()?, false).ok()?;
+        let mut last = [0u8];
+        file.read_exact_at(&mut last, meta.len().checked_sub(1)?)
+            .ok()?;
+        last[0] == b'\n'
+    };
+    (same && ended && behind > 0 && idle >= UNFINISHED_FOR).then(|| {
+        format!(
+            "{name}'s inbox has {behind} bytes written {} ago that the judge ({judge}) has not judged: they are not counted or shown until it does (is it stopped, or stuck?)",
+            silent_for(Utc::now() - chrono::Duration::from_std(idle).unwrap_or_default(), Utc::now())
+        )
+    })
+}
+
 /// How long an inbox's last line may stay without its newline before `status` says so: a
 /// writer is seldom that slow between the bytes of one line.
 const UNFINISHED_FOR: std::time::Duration = std::time::Duration::from_secs(10);
@@ -340,6 +370,9 @@ pub fn status(view: &mut View) -> Result<Status> {
             warnings.extend(new_generation(&bridge, &agent.name, journal, Utc::now()));
         }
         warnings.extend(unfinished_line(&bridge, &agent.name));
+        if let (Some(judge), Some(journal)) = (&judge, view.inboxes().get(&agent.name)) {
+            warnings.extend(judge_behind(&bridge, &agent.name, journal, judge));
+        }
         warnings.extend(locked_with_lines_waiting(
             &bridge,
             &agent.name,
