@@ -1333,13 +1333,7 @@ fn status_says_lines_a_stopped_judge_has_not_judged() {
     let note = crate::util::line("01NOTJUDGED", "design", "web", "note", "");
     bridge.append_raw("web", format!("{note}\n").as_bytes());
     // Written a minute ago, as far as the file says.
-    let a_minute_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
-    std::fs::File::options()
-        .append(true)
-        .open(bridge.inbox("web"))
-        .unwrap()
-        .set_modified(a_minute_ago)
-        .unwrap();
+    bridge.age_inbox("web", 60);
     let status = bridge.doorbell(&["status"]);
     daemon.signal("CONT");
     assert!(

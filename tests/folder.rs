@@ -1179,13 +1179,7 @@ fn status_names_an_unfinished_line_and_a_lock_that_holds_notices_back() {
     // Just written: a writer may be between the bytes of its line.
     let status = bridge.doorbell(&["status"]);
     assert!(!status.stderr.contains("unfinished"), "{}", status.stderr);
-    let a_minute_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
-    std::fs::File::options()
-        .append(true)
-        .open(bridge.inbox("web"))
-        .unwrap()
-        .set_modified(a_minute_ago)
-        .unwrap();
+    bridge.age_inbox("web", 60);
     let status = bridge.doorbell(&["status"]);
     assert!(
         status.stderr.contains(&format!(

@@ -150,6 +150,17 @@ impl Bridge {
         run(self.command(args), None)
     }
 
+    /// Make `name`'s inbox look last written `secs` seconds ago (its file's time).
+    pub fn age_inbox(&self, name: &str, secs: u64) {
+        let then = std::time::SystemTime::now() - std::time::Duration::from_secs(secs);
+        std::fs::File::options()
+            .append(true)
+            .open(self.inbox(name))
+            .unwrap()
+            .set_modified(then)
+            .unwrap();
+    }
+
     /// `doorbell send --to TO --from FROM TEXT` (a note), which must succeed; its id.
     #[track_caller]
     pub fn send(&self, from: &str, to: &str, text: &str) -> String {
