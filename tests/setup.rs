@@ -278,3 +278,52 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     files
 }
+
+#[test]
+fn setup_given_another_config_file_writes_commands_that_use_it() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let config = bridge.tmp.path().join("other.toml");
+    std::fs::write(&config, "hook_max_chars = 1500\n").unwrap();
+    let project = bridge.tmp.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    let project_arg = project.to_str().unwrap();
+    let config_arg = config.to_str().unwrap();
+    bridge
+        .doorbell(&[
+            "setup",
+            "claude",
+            "--agent",
+            "web",
+            "--project",
+            project_arg,
+            "--config",
+            config_arg,
+            "--write",
+        ])
+        .ok();
+    let mcp = json(&project.join(".mcp.json"));
+    let args = &mcp["mcpServers"]["doorbell"]["args"];
+    assert_eq!(args[0], "--config", "{mcp}");
+    assert_eq!(args[1], config_arg, "{mcp}");
+    for n in 0..30 {
+        let text = format!("note {n}: {}", "the footer is grey ".repeat(8));
+        bridge
+            .doorbell(&["send", "--from", "design", "--to", "web", &text])
+            .ok();
+    }
+    let settings = json(&project.join(".claude/settings.json"));
+    let prompt = commands(&settings, "UserPromptSubmit").pop().unwrap();
+    let shown = run_hook(
+        &bridge,
+        &prompt,
+        &fixture("claude", "UserPromptSubmit.json"),
+    );
+    assert_eq!(shown.code, 0, "{shown:?}");
+    let out: Value = serde_json::from_str(&shown.stdout).unwrap();
+    let context = out["hookSpecificOutput"]["additionalContext"]
+        .as_str()
+        .unwrap();
+    // The other file's cap, not the default 4,000.
+    let units = context.encode_utf16().count();
+    assert!((1..=1500).contains(&units), "{units}: {context}");
+}

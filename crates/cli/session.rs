@@ -37,17 +37,23 @@ impl Session {
             Some(exe) if !on_path => shell_word(&exe.to_string_lossy()),
             _ => "doorbell".to_owned(),
         };
-        let config = &self.config;
-        if config.path.is_some() && config.path != doorbell_store::config::default_path() {
-            let path = absolute(config.path.as_deref().unwrap_or(Path::new("")));
+        if let Some(path) = self.config_file() {
             program.push_str(" --config ");
             program.push_str(&shell_word(&path.to_string_lossy()));
         }
-        if doorbell_store::bridge::resolve_dir(None, config) != self.dir {
+        if doorbell_store::bridge::resolve_dir(None, &self.config) != self.dir {
             program.push_str(" --dir ");
             program.push_str(&shell_word(&absolute(&self.dir).to_string_lossy()));
         }
         program
+    }
+
+    /// The config file this session was given, by its absolute path, when it is not the
+    /// default one: a command suggested or written for later must name it, or it would run
+    /// with the default file's settings.
+    pub fn config_file(&self) -> Option<PathBuf> {
+        let path = self.config.path.as_deref()?;
+        (Some(path) != doorbell_store::config::default_path().as_deref()).then(|| absolute(path))
     }
 
     /// The existing bridge folder.

@@ -44,6 +44,9 @@ struct Plan {
     harness: Harness,
     agent: String,
     program: String,
+    /// The config file given to `setup`, when not the default: the hooks and the server
+    /// are given it too.
+    config: Option<PathBuf>,
     dir: PathBuf,
 }
 
@@ -54,22 +57,32 @@ impl Plan {
             Harness::Codex => "codex",
             Harness::Gemini => "gemini",
         };
+        let words: Vec<String> = std::iter::once(self.program.clone())
+            .chain(self.bridge_args())
+            .map(|word| shell_word(&word))
+            .collect();
         format!(
-            "{} --dir {} hook {event} --agent {} --harness {harness}",
-            shell_word(&self.program),
-            shell_word(&self.dir.to_string_lossy()),
+            "{} hook {event} --agent {} --harness {harness}",
+            words.join(" "),
             self.agent
         )
     }
 
+    /// `[--config FILE] --dir DIR`: the bridge and the settings this setup was run with.
+    fn bridge_args(&self) -> Vec<String> {
+        let config = self
+            .config
+            .iter()
+            .flat_map(|file| ["--config".into(), file.to_string_lossy().into_owned()]);
+        config
+            .chain(["--dir".into(), self.dir.to_string_lossy().into_owned()])
+            .collect()
+    }
+
     fn mcp_args(&self) -> Vec<String> {
-        vec![
-            "--dir".into(),
-            self.dir.to_string_lossy().into_owned(),
-            "mcp".into(),
-            "--agent".into(),
-            self.agent.clone(),
-        ]
+        let mut args = self.bridge_args();
+        args.extend(["mcp".into(), "--agent".into(), self.agent.clone()]);
+        args
     }
 
     /// Refuse to arm a settings document that arms another agent already: one session is
@@ -296,6 +309,7 @@ pub fn run(session: &Session, args: &SetupArgs) -> anyhow::Result<i32> {
         harness: args.harness,
         agent: args.agent.clone(),
         program: program()?,
+        config: session.config_file(),
         dir: bridge.dir().to_path_buf(),
     };
     let project = match &args.project {
