@@ -739,6 +739,35 @@ fn a_blocked_stop_names_every_debt_before_the_notes() {
     }
 }
 
+#[test]
+fn a_blocked_stop_with_no_room_for_every_debt_counts_the_rest() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let mut to_web = String::new();
+    for n in 0..120 {
+        let id = format!("01STOPDEBT{n:03}");
+        to_web.push_str(&crate::util::line(&id, "design", "web", "request", ""));
+        to_web.push('\n');
+    }
+    bridge.append_raw("web", to_web.as_bytes());
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let reason = blocked(
+        "claude",
+        &at(&bridge, "claude", "stop", "web").expect("blocked"),
+    );
+    let named = reason
+        .lines()
+        .filter(|l| l.starts_with("- 01STOPDEBT"))
+        .count();
+    let more = "more: run `doorbell debts --owed-by web`";
+    let left: usize = reason
+        .lines()
+        .find(|l| l.ends_with(more))
+        .and_then(|l| l.strip_prefix("- and ")?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no count of the rest ({more}): {reason}"));
+    assert_eq!(named + left, 120, "{reason}");
+    assert!(named > 0, "{reason}");
+}
+
 /// A stop is never blocked twice for one set of debts, a prompt between or not: the agent
 /// was told, and the debt stays in `doorbell debts` and the morning report.
 #[test]

@@ -668,7 +668,7 @@ impl Composer {
         owes: &[&Request],
         now: DateTime<Utc>,
     ) {
-        let mut reason = format!(
+        let first = format!(
             "Before you stop: {} request{} {} for your answer. Answer each one, or acknowledge it with `{} reply ID --from {} --state working \"…\"`:",
             pending.len(),
             if pending.len() == 1 { "" } else { "s" },
@@ -676,36 +676,43 @@ impl Composer {
             self.program,
             agent,
         );
-        for id in pending {
-            let line = match owes.iter().find(|r| &r.id == id) {
+        let items: Vec<String> = pending
+            .iter()
+            .map(|id| match owes.iter().find(|r| &r.id == id) {
                 // The agent's own request, on which the other side asked it something.
                 Some(r) if r.state == State::InputRequired => format!(
-                    "\n- {id}, your request to {}, which asks you a question ({}, {} ago): {}",
+                    "- {id}, your request to {}, which asks you a question ({}, {} ago): {}",
                     r.creditor_station(),
                     r.state,
                     span(r.state_since, now),
                     answer_command_by(&self.program, r, Some(r.debtor_station()))
                 ),
                 Some(r) => format!(
-                    "\n- {id} from {} ({}, {} ago): {}",
+                    "- {id} from {} ({}, {} ago): {}",
                     r.creditor_station(),
                     r.state,
                     span(r.state_since, now),
                     answer_command_by(&self.program, r, Some(r.debtor_station()))
                 ),
-                None => format!("\n- {id} (unread, shown below)"),
-            };
-            reason.push_str(&line);
-        }
-        let mut lines = reason.lines();
+                None => format!("- {id} (unread, shown below)"),
+            })
+            .collect();
+        let more = |left: usize| {
+            format!(
+                "- and {left} more: run `{} debts --owed-by {agent}`",
+                self.program
+            )
+        };
         // The first line says why the stop is blocked: it is always there.
-        let mut head = format!("{}\n", lines.next().unwrap_or_default());
-        for line in lines.by_ref() {
-            if units(&head) + units(line) + 1 > self.room() {
-                let _ = writeln!(head, "- and more: run `{} debts`", self.program);
+        let mut head = format!("{first}\n");
+        for (shown, item) in items.iter().enumerate() {
+            let left = items.len() - shown - 1;
+            let count = if left > 0 { units(&more(left)) + 1 } else { 0 };
+            if units(&head) + units(item) + 1 + count > self.room() {
+                let _ = writeln!(head, "{}", more(items.len() - shown));
                 break;
             }
-            head.push_str(line);
+            head.push_str(item);
             head.push('\n');
         }
         head.push_str(&self.body);
