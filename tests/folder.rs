@@ -446,7 +446,14 @@ fn refused_log(bridge: &Bridge) -> Vec<(String, u64, u64)> {
 
 #[test]
 fn a_lost_or_damaged_journal_repeats_no_ring_notice_or_verdict() {
-    for damage in ["delete", "delete with the index", "truncate", "flip"] {
+    for damage in [
+        "delete",
+        "delete with the index",
+        "truncate",
+        "flip",
+        "delete with the key",
+        "the whole state folder",
+    ] {
         let bridge = Bridge::with_agents(&["web", "design", "human"]);
         let config = rung_and_stopped(&bridge);
         let before = everything_once(&bridge);
@@ -466,6 +473,12 @@ fn a_lost_or_damaged_journal_repeats_no_ring_notice_or_verdict() {
                 }
             }
             "truncate" => std::fs::write(&journal, &bytes[..bytes.len() / 3]).unwrap(),
+            // The key made again: the judge's lines sealed under the lost one are still its.
+            "delete with the key" => {
+                std::fs::remove_file(&journal).unwrap();
+                std::fs::remove_file(state.join("seal.key")).unwrap();
+            }
+            "the whole state folder" => std::fs::remove_dir_all(&state).unwrap(),
             _ => {
                 // One bit of a ring's id in its intent: still valid JSON, a wrong id.
                 let at = flipped.windows(5).position(|w| w == b"ring:").unwrap() + 7;
@@ -501,7 +514,11 @@ fn a_lost_or_damaged_journal_repeats_no_ring_notice_or_verdict() {
             .filter(|l| l.contains("ERROR") || l.contains("WARN"))
             .filter(|l| !l.contains("cutting a torn record"))
             .count();
-        let expected = usize::from(damage != "delete with the index");
+        let expected = match damage {
+            "delete with the index" => 0,
+            "delete with the key" => 2,
+            _ => 1,
+        };
         assert_eq!(said, expected, "{damage}: {}", once.stderr);
         if damage == "flip" {
             let kept: Vec<_> = std::fs::read_dir(&state)

@@ -33,20 +33,20 @@ impl std::fmt::Debug for Seal {
 }
 
 impl Seal {
-    /// The key in `state` (the `.doorbell` folder), made the first time. A key file that is
-    /// not a key (damaged, the wrong length) is kept aside under another name and replaced:
-    /// lines sealed with the old key are then not recognised, which is said.
-    pub fn open(state: &Path) -> Result<Seal> {
+    /// The key in `state` (the `.doorbell` folder), made the first time, and whether it was
+    /// made now. A key file that is not a key (damaged, the wrong length) is kept aside under
+    /// another name and replaced.
+    pub fn open(state: &Path) -> Result<(Seal, bool)> {
         let path = state.join(KEY_FILE);
         match read_key(&path) {
-            Ok(Some(key)) => return Ok(Seal { key }),
+            Ok(Some(key)) => return Ok((Seal { key }, false)),
             Ok(None) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("read seal key", &path)(e)),
         }
         if path.exists() {
             let aside = state.join(format!("{KEY_FILE}.damaged"));
-            tracing::warn!(path = %path.display(), aside = %aside.display(), "the seal key is damaged: a new one is made, and lines sealed with the old one are not recognised as the judge's own");
+            tracing::warn!(path = %path.display(), aside = %aside.display(), "the seal key is damaged: a new one is made");
             std::fs::rename(&path, &aside).map_err(Error::io("move damaged seal key", &path))?;
         }
         let mut key = [0u8; KEY_LEN];
@@ -54,7 +54,7 @@ impl Seal {
             .and_then(|mut f| f.read_exact(&mut key))
             .map_err(Error::io("read", Path::new("/dev/urandom")))?;
         crate::atomic::write_atomic(&path, &key)?;
-        Ok(Seal { key })
+        Ok((Seal { key }, true))
     }
 
     fn mac(&self, bytes: &[u8]) -> [u8; HEX_LEN] {
@@ -83,17 +83,9 @@ impl Seal {
     /// Whether `line` carries a seal made with this key over every byte before it.
     #[must_use]
     pub fn verifies(&self, line: &[u8]) -> bool {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(rest) = line.strip_suffix(b"\"}") else {
+        let Some((signed, mac)) = split_seal(line) else {
             return false;
         };
-        let Some(split) = rest.len().checked_sub(HEX_LEN) else {
-            return false;
-        };
-        let (signed, mac) = rest.split_at(split);
-        if !signed.ends_with(FIELD) {
-            return false;
-        }
         // A comparison in constant time: the key is the secret here.
         let expected = self.mac(signed);
         expected
@@ -102,6 +94,23 @@ impl Seal {
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
             == 0
     }
+}
+
+/// Whether `line` ends with a seal field of the right shape, whatever key made it: a line the
+/// judge wrote under a key that is lost since.
+#[must_use]
+pub fn carries_seal(line: &[u8]) -> bool {
+    split_seal(line)
+        .is_some_and(|(_, mac)| mac.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+}
+
+/// A sealed line's signed bytes (through the seal field's opening quote) and its seal.
+fn split_seal(line: &[u8]) -> Option<(&[u8], &[u8])> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let rest = line.strip_suffix(b"\"}")?;
+    let split = rest.len().checked_sub(HEX_LEN)?;
+    let (signed, mac) = rest.split_at(split);
+    signed.ends_with(FIELD).then_some((signed, mac))
 }
 
 /// The key at `path`, `None` when the file is not one; never through a symlink.
@@ -123,7 +132,7 @@ mod tests {
 
     fn seal() -> (tempfile::TempDir, Seal) {
         let dir = tempfile::tempdir().unwrap();
-        let seal = Seal::open(dir.path()).unwrap();
+        let (seal, _) = Seal::open(dir.path()).unwrap();
         (dir, seal)
     }
 
@@ -152,7 +161,7 @@ mod tests {
         assert!(!seal.verifies(br#"{"id":"ring:00:0:1"}"#));
         assert!(!seal.verifies(b""));
         // The same key is read back; a new folder's key is another.
-        assert!(Seal::open(dir.path()).unwrap().verifies(line.as_bytes()));
+        assert!(Seal::open(dir.path()).unwrap().0.verifies(line.as_bytes()));
         let (_other_dir, other) = super::tests::seal();
         assert!(!other.verifies(line.as_bytes()));
     }
@@ -161,13 +170,13 @@ mod tests {
     fn a_damaged_key_is_set_aside_and_replaced() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(KEY_FILE), b"short").unwrap();
-        let seal = Seal::open(dir.path()).unwrap();
+        let (seal, _) = Seal::open(dir.path()).unwrap();
         assert!(dir.path().join("seal.key.damaged").exists());
         assert_eq!(
             std::fs::read(dir.path().join(KEY_FILE)).unwrap().len(),
             KEY_LEN
         );
         let line = seal.seal(r#"{"a":1}"#);
-        assert!(Seal::open(dir.path()).unwrap().verifies(line.as_bytes()));
+        assert!(Seal::open(dir.path()).unwrap().0.verifies(line.as_bytes()));
     }
 }

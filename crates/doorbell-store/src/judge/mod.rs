@@ -158,6 +158,11 @@ pub struct Judge {
     told_at: HashMap<String, DateTime<Utc>>,
     /// What seals the judge's own lines, so a rebuild knows them without the journal.
     seal: crate::seal::Seal,
+    /// `Some` when the key was made by this judge (lost with the state folder, or damaged):
+    /// until its first catch-up ends, a line that carries a seal of the right shape under a
+    /// reserved id is taken as the judge's own, written under the key that is gone, and
+    /// counted here. Lines written after that catch-up must verify.
+    adopting: Option<usize>,
 }
 
 impl Judge {
@@ -301,6 +306,12 @@ impl Judge {
                 break;
             }
             targets = self.emit(now, &mut stats)?;
+        }
+        if let Some(lines @ 1..) = self.adopting.take() {
+            tracing::warn!(
+                lines,
+                "the seal key was missing or damaged (the state folder lost or restored without it): lines the judge sealed under its earlier key are taken as its own, so no ring, notice or escalation is written twice; lines written from now on must carry the new key's seal"
+            );
         }
         // Nothing journaled: nothing to make durable (a command's catch-up is mostly this).
         if self.journal.len() != before {

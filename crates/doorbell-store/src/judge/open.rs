@@ -326,9 +326,10 @@ impl Judge {
             refused_log,
             index,
         } = load(&bridge, &journal_path)?;
-        let seal = crate::seal::Seal::open(&bridge.state_dir()?)?;
+        let (seal, made) = crate::seal::Seal::open(&bridge.state_dir()?)?;
         Ok(Judge {
             seal,
+            adopting: made.then_some(0),
             reader: LineReader::new(limits.max_line_bytes),
             registry,
             inbox_names,
