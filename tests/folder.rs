@@ -1411,3 +1411,72 @@ fn a_watch_waiting_for_its_turn_reads_the_new_file_of_an_inbox_replaced_before_i
     assert_eq!(watch.next(PATIENCE), second.trim());
     assert!(bridge.read_json("web", &[]).is_empty(), "both read once");
 }
+
+/// Whether process `pid` holds `path` open, for appending when `append` (a sender opens an
+/// inbox for appending only to write its line; `sh` opens it on fd 9 for reading, to lock).
+fn holds_open(pid: u32, path: &Path, append: bool) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        let flags = || {
+            let info = std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                fd.file_name().to_string_lossy()
+            ))
+            .unwrap_or_default();
+            info.lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
+                .unwrap_or(0)
+        };
+        std::fs::read_link(fd.path()).is_ok_and(|target| target == path)
+            && (!append || flags() & 0o2000 != 0)
+    })
+}
+
+#[test]
+fn a_sender_waiting_for_the_lock_of_an_inbox_rotated_meanwhile_writes_to_the_new_file() {
+    for script in [false, true] {
+        let bridge = Bridge::with_agents(&["web", "design"]);
+        let inbox = bridge.inbox("design");
+        let held = std::fs::File::open(&inbox).unwrap();
+        held.lock().unwrap();
+        let args = ["--from", "web", "--to", "design", "--", "hello design"];
+        let mut command = if script {
+            bridge.script_command(&args)
+        } else {
+            let mut send = vec!["send"];
+            send.extend(args);
+            bridge.command(&send)
+        };
+        let sender = command
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = sender.id();
+        bridge.wait_for(
+            std::time::Duration::from_secs(20),
+            "the sender to open the inbox and wait for its lock",
+            |_| holds_open(pid, &inbox, !script),
+        );
+        // Rotated while the sender waits: the old file renamed away, a new one in its place.
+        let rotated = bridge.dir().join("design-inbox.jsonl.1");
+        std::fs::rename(&inbox, &rotated).unwrap();
+        std::fs::File::create(&inbox).unwrap();
+        drop(held);
+        let out = sender.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "script {script}: {stderr}");
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let new = std::fs::read_to_string(&inbox).unwrap();
+        assert!(
+            new.contains(&id),
+            "script {script}: not in the inbox: {new:?}"
+        );
+        assert_eq!(std::fs::read(&rotated).unwrap(), b"", "script {script}");
+        let shown = bridge.doorbell(&["show", &id]);
+        assert_eq!(shown.code, 0, "script {script}: {shown:?}");
+    }
+}

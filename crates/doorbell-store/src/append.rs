@@ -74,6 +74,32 @@ pub fn open_inbox(path: &Path, append: bool) -> Result<File> {
     Ok(file)
 }
 
+/// Open the inbox at `path` for appending and take its lock, waiting at most `wait`. A file
+/// renamed away (a rotation) or replaced while its lock was waited for is no longer the
+/// inbox: the lock is taken again on the file at `path`, or nothing would ever read the line.
+fn open_locked(path: &Path, wait: Duration) -> Result<File> {
+    use std::os::unix::fs::MetadataExt;
+    let until = Instant::now() + wait;
+    loop {
+        let file = open_inbox(path, true)?;
+        lock_within(&file, path, until.saturating_duration_since(Instant::now()))?;
+        let held = file.metadata().map_err(Error::io("stat inbox", path))?;
+        match std::fs::symlink_metadata(path) {
+            Ok(now) if (now.dev(), now.ino()) == (held.dev(), held.ino()) => return Ok(file),
+            // Gone or replaced: open what is at the path now (a missing inbox is said there).
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("stat inbox", path)(e)),
+        }
+        if Instant::now() >= until {
+            return Err(Error::InboxLocked {
+                path: path.to_path_buf(),
+                secs: wait.as_secs_f64(),
+            });
+        }
+    }
+}
+
 /// How long a sender waits for an inbox another process holds locked.
 pub const SENDER_WAIT: Duration = Duration::from_secs(10);
 
@@ -105,8 +131,7 @@ pub fn append_line_checked(
         !line.contains(&b'\n'),
         "a line never contains a raw newline"
     );
-    let file = open_inbox(path, true)?;
-    lock_within(&file, path, wait)?;
+    let file = open_locked(path, wait)?;
     let len = file
         .metadata()
         .map_err(Error::io("stat inbox", path))?
