@@ -582,3 +582,49 @@ fn a_cursor_locked_by_another_process_fails_the_read_instead_of_hanging_it() {
         .collect();
     assert_eq!(again, [second]);
 }
+
+#[test]
+fn a_message_damaged_after_it_was_judged_is_passed_over_and_said_and_the_rest_is_read() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    // Past the first 4 KiB, which a file's marker covers (a change there is a new file).
+    let ids: Vec<String> = (1..=40)
+        .map(|n| {
+            bridge
+                .send("design", "web", &format!("message {n}"))
+                .trim()
+                .to_owned()
+        })
+        .collect();
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    // A byte of the 30th line damaged in place: it no longer reads as JSON.
+    let inbox = bridge.inbox("web");
+    let bytes = std::fs::read(&inbox).unwrap();
+    let thirtieth = bytes
+        .split(|b| *b == b'\n')
+        .take(30)
+        .map(|l| l.len() + 1)
+        .sum::<usize>();
+    assert!(thirtieth > 4096);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&inbox)
+        .unwrap();
+    std::os::unix::fs::FileExt::write_at(&file, b"X", (thirtieth - 3) as u64).unwrap();
+    let read = bridge.doorbell(&["read", "web", "--json"]);
+    assert_eq!(read.code, 0, "{read:?}");
+    let shown: Vec<serde_json::Value> = read
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut expected = ids.clone();
+    expected.remove(29);
+    assert_eq!(self::ids(&shown), expected, "{}", read.stderr);
+    assert!(
+        read.stderr.contains("no longer reads as one"),
+        "{}",
+        read.stderr
+    );
+    // Read: nothing shown again.
+    assert!(bridge.read_json("web", &[]).is_empty());
+}

@@ -17,7 +17,6 @@ use doorbell_core::debts::{answer_command_by, span};
 use doorbell_core::{Request, State};
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor;
-use doorbell_store::view::envelope_of;
 use doorbell_store::Bridge;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -415,18 +414,20 @@ fn frame_unread(
     let mut shown_to = None;
     if let Some(mut journal) = view.inbox_of(agent, from, &inbox, &meta)? {
         let mut full = false;
-        let end = journal.accepted_lines(&inbox, from, |offset, bytes| -> anyhow::Result<()> {
-            let Some(envelope) = envelope_of(bytes) else {
-                bail!("{} changed at byte {offset} while reading", path.display());
-            };
-            if !full && text.message(&envelope, owed_for(view, agent, &envelope).as_ref(), now) {
-                shown_to = Some(offset + bytes.len() as u64 + 1);
-            } else {
-                full = true;
-                text.left_out += 1;
-            }
-            Ok(())
-        })?;
+        let end = journal.accepted_messages(
+            &inbox,
+            from,
+            |offset, bytes, envelope| -> anyhow::Result<()> {
+                if !full && text.message(&envelope, owed_for(view, agent, &envelope).as_ref(), now)
+                {
+                    shown_to = Some(offset + bytes.len() as u64 + 1);
+                } else {
+                    full = true;
+                    text.left_out += 1;
+                }
+                Ok(())
+            },
+        )?;
         // Everything past the cursor was shown: it may pass the refused lines after the
         // last message too, or the inbox never looks read.
         if !full && end > from {

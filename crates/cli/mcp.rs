@@ -10,7 +10,6 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use doorbell_core::{Envelope, Request};
 use doorbell_store::append::open_inbox;
 use doorbell_store::send::Message;
-use doorbell_store::view::envelope_of;
 use doorbell_store::{cursor, Bridge};
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
@@ -419,26 +418,28 @@ fn read(
     let mut to = None;
     if let Some(mut journal) = view.inbox_of(agent, from, &inbox, &meta)? {
         let mut units = 0usize;
-        let upto = journal.accepted_lines(&inbox, from, |offset, bytes| -> anyhow::Result<()> {
-            if messages.len() == max || more > 0 {
-                more += 1;
-                return Ok(());
-            }
-            let envelope = envelope_of(bytes)
-                .with_context(|| format!("{} changed at byte {offset}", path.display()))?;
-            let mut message = message_json(&envelope);
-            cut_text(&mut message, &envelope.id, MAX_MESSAGE_UNITS);
-            // Measured as the client gets it: escapes, ids and every field.
-            let size = message.to_string().encode_utf16().count();
-            if !messages.is_empty() && units + size > MAX_READ_UNITS {
-                more += 1;
-                return Ok(());
-            }
-            units += size;
-            messages.push(message);
-            to = Some(offset + bytes.len() as u64 + 1);
-            Ok(())
-        })?;
+        let upto = journal.accepted_messages(
+            &inbox,
+            from,
+            |offset, bytes, envelope| -> anyhow::Result<()> {
+                if messages.len() == max || more > 0 {
+                    more += 1;
+                    return Ok(());
+                }
+                let mut message = message_json(&envelope);
+                cut_text(&mut message, &envelope.id, MAX_MESSAGE_UNITS);
+                // Measured as the client gets it: escapes, ids and every field.
+                let size = message.to_string().encode_utf16().count();
+                if !messages.is_empty() && units + size > MAX_READ_UNITS {
+                    more += 1;
+                    return Ok(());
+                }
+                units += size;
+                messages.push(message);
+                to = Some(offset + bytes.len() as u64 + 1);
+                Ok(())
+            },
+        )?;
         if more == 0 {
             // Everything was taken: the cursor may pass refused lines after the last one too.
             to = Some(upto);

@@ -5,13 +5,12 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::path::Path;
 
 use anyhow::Context;
 use chrono::Utc;
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor::{self, Position};
-use doorbell_store::view::{envelope_of, InboxView};
+use doorbell_store::view::InboxView;
 use serde_json::value::RawValue;
 
 use crate::args::ReadArgs;
@@ -52,7 +51,6 @@ impl From<std::io::Error> for Stop {
 /// An agent's open inbox file.
 pub struct Inbox<'a> {
     pub agent: &'a str,
-    pub path: &'a Path,
     pub file: &'a File,
 }
 
@@ -67,54 +65,49 @@ pub fn print_accepted(
     room: Option<usize>,
     out: &mut impl Write,
 ) -> anyhow::Result<Printed> {
-    let Inbox { agent, path, file } = *inbox;
+    let Inbox { agent, file, .. } = *inbox;
     let now = Utc::now();
     let mut count = 0;
     let mut used = 0;
     // Where the first message with no room starts, and how many are left from there.
     let mut full: Option<u64> = None;
     let mut left = 0;
-    let result = journal.accepted_lines(file, from, |offset, bytes| -> Result<(), Stop> {
-        if full.is_some() {
-            left += 1;
-            return Ok(());
-        }
-        let Some(envelope) = envelope_of(bytes) else {
-            // Accepted bytes always parse; these changed under us.
-            return Err(Stop::Failed(anyhow::anyhow!(
-                "{} changed at byte {offset} while reading; run the command again",
-                path.display()
-            )));
-        };
-        let text = if json {
-            let raw: &RawValue = serde_json::from_slice(bytes.strip_suffix(b"\r").unwrap_or(bytes))
-                .map_err(|e| Stop::Failed(e.into()))?;
-            let record = JsonMessage {
-                inbox: agent,
-                offset,
-                verdict: "accepted",
-                envelope: raw,
+    let result =
+        journal.accepted_messages(file, from, |offset, bytes, envelope| -> Result<(), Stop> {
+            if full.is_some() {
+                left += 1;
+                return Ok(());
+            }
+            let text = if json {
+                let raw: &RawValue =
+                    serde_json::from_slice(bytes.strip_suffix(b"\r").unwrap_or(bytes))
+                        .map_err(|e| Stop::Failed(e.into()))?;
+                let record = JsonMessage {
+                    inbox: agent,
+                    offset,
+                    verdict: "accepted",
+                    envelope: raw,
+                };
+                let mut text =
+                    serde_json::to_string(&record).expect("a message record always serialises");
+                text.push('\n');
+                text
+            } else {
+                format!("{}\n", output::message(&envelope, now))
             };
-            let mut text =
-                serde_json::to_string(&record).expect("a message record always serialises");
-            text.push('\n');
-            text
-        } else {
-            format!("{}\n", output::message(&envelope, now))
-        };
-        let chars = text.chars().count();
-        if count > 0 && room.is_some_and(|room| used + chars > room) {
-            full = Some(offset);
-            left = 1;
-            return Ok(());
-        }
-        used += chars;
-        count += 1;
-        match out.write_all(text.as_bytes()) {
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Stop::ClosedPipe),
-            other => Ok(other?),
-        }
-    });
+            let chars = text.chars().count();
+            if count > 0 && room.is_some_and(|room| used + chars > room) {
+                full = Some(offset);
+                left = 1;
+                return Ok(());
+            }
+            used += chars;
+            count += 1;
+            match out.write_all(text.as_bytes()) {
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(Stop::ClosedPipe),
+                other => Ok(other?),
+            }
+        });
     let upto = match result {
         Ok(upto) => full.unwrap_or(upto),
         Err(Stop::ClosedPipe) => return Ok(Printed::ClosedPipe),
@@ -161,7 +154,6 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
     let mut out = std::io::stdout().lock();
     let reading = Inbox {
         agent: &args.agent,
-        path: &path,
         file: &inbox,
     };
     let printed = print_accepted(

@@ -96,7 +96,6 @@ pub fn follow(
             }
             let reading = Inbox {
                 agent,
-                path: &path,
                 file: &inbox,
             };
             match print_accepted(&reading, &mut journal, printed_to, json, None, &mut out)? {

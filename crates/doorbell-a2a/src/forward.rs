@@ -258,7 +258,7 @@ impl Forwarder {
         }
         let mut lines = Vec::new();
         let upto = inbox
-            .accepted_lines(&file, from, |offset, bytes| -> std::io::Result<()> {
+            .accepted_messages(&file, from, |offset, bytes, _| -> std::io::Result<()> {
                 lines.push((offset, bytes.to_vec()));
                 Ok(())
             })

@@ -744,6 +744,31 @@ impl InboxView {
         Ok(self.journal.judged_to.max(from))
     }
 
+    /// [`Self::accepted_lines`], each with its envelope. A line accepted when it was judged
+    /// that no longer reads as a message (its bytes changed in place since: an edit, a
+    /// damaged disk) cannot be shown as it was judged: it is passed over with a warning
+    /// that names it, and the messages after it are shown, so one damaged line never keeps
+    /// a reader from the rest nor shows it what it read again and again.
+    pub fn accepted_messages<E: From<std::io::Error>>(
+        &mut self,
+        file: &File,
+        from: u64,
+        mut each: impl FnMut(u64, &[u8], Envelope<'_>) -> std::result::Result<(), E>,
+    ) -> std::result::Result<u64, E> {
+        let agent = self.agent.clone();
+        self.accepted_lines(file, from, |offset, bytes| {
+            if let Some(envelope) = envelope_of(bytes) {
+                return each(offset, bytes, envelope);
+            }
+            tracing::warn!(
+                inbox = %agent,
+                offset,
+                "the message judged at this byte of the inbox no longer reads as one (its bytes changed since: edited in place, or damaged): it cannot be shown; the messages after it are"
+            );
+            Ok(())
+        })
+    }
+
     fn apply(&mut self, record: &Record) {
         if record.inbox != self.agent {
             return;
