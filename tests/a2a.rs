@@ -404,6 +404,32 @@ fn bad_requests(task: &str) -> Vec<Bad> {
     ] {
         cases.push((what, Some(TOKEN), call("ListTasks", &params), 200, -32602));
     }
+    // A configuration or a part's name of the wrong type is refused, never dropped (a
+    // dropped returnImmediately made the call block for a minute after appending).
+    let message = |parts: Value| json!({"messageId": ulid(), "role": "ROLE_USER", "parts": parts});
+    let text = || json!([{"text": "hi"}]);
+    for (what, params) in [
+        (
+            "returnImmediately that is no boolean",
+            json!({"message": message(text()), "configuration": {"returnImmediately": "true"}}),
+        ),
+        (
+            "a configuration that is no object",
+            json!({"message": message(text()), "configuration": "fast"}),
+        ),
+        (
+            "a filename that is no string",
+            json!({"message": message(json!([{"url": "http://x/y.pdf", "filename": 5}])),
+                   "configuration": {"returnImmediately": true}}),
+        ),
+        (
+            "a mediaType that is no string",
+            json!({"message": message(json!([{"url": "http://x/y.pdf", "mediaType": ["a"]}])),
+                   "configuration": {"returnImmediately": true}}),
+        ),
+    ] {
+        cases.push((what, Some(TOKEN), call("SendMessage", &params), 200, -32602));
+    }
     cases
         .into_iter()
         .map(|(what, token, body, status, code)| Bad {
@@ -1010,4 +1036,31 @@ fn the_gateway_stops_at_sigterm_with_a_stream_open() {
     assert!(seen.contains("text/event-stream"), "{seen}");
     gateway.signal("TERM");
     assert_eq!(gateway.wait_exit(Duration::from_secs(20)), Some(0));
+}
+
+#[test]
+fn a_retry_of_a_message_a_task_got_before_it_closed_is_delivered_not_refused() {
+    let (bridge, _gateway, addr, task) = served_task("the logo files?");
+    let more = send("more info", &json!({"messageId": "more-1", "taskId": task}));
+    let (_, first) = rpc(&addr, Some(TOKEN), &call("SendMessage", &more));
+    assert_eq!(first["result"]["task"]["id"], task.as_str(), "{first}");
+    bridge.reply(&task, "web", "completed", &[], "uploaded");
+    bridge.doorbell(&["wait", &task, "--timeout", "10s"]).ok();
+    // The first answer was lost: the caller sends the same message again.
+    let (_, again) = rpc(&addr, Some(TOKEN), &call("SendMessage", &more));
+    assert_eq!(again["result"]["task"]["id"], task.as_str(), "{again}");
+    assert_eq!(
+        again["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{again}"
+    );
+    let copies = bridge
+        .lines("web")
+        .iter()
+        .filter(|l| String::from_utf8_lossy(l).contains("\"more-1\""))
+        .count();
+    assert_eq!(copies, 1, "delivered once");
+    // A new message to the closed task is still refused.
+    let late = send("and this", &json!({"taskId": task}));
+    let (_, late) = rpc(&addr, Some(TOKEN), &call("SendMessage", &late));
+    assert_eq!(late["error"]["code"], -32004, "{late}");
 }

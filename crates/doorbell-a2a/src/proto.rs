@@ -359,7 +359,13 @@ fn reference(object: &Map<String, Value>) -> Result<Option<String>, RpcError> {
 pub fn incoming_part(i: usize, part: &Value) -> Result<send::Part, RpcError> {
     let bad = |why: &str| RpcError::invalid_params(format!("message.parts[{i}]: {why}"));
     let object = part.as_object().ok_or_else(|| bad("a part is an object"))?;
-    let name = |key: &str| object.get(key).and_then(Value::as_str).map(str::to_owned);
+    // A name of the wrong type is refused, not dropped: the station would get a part
+    // without what the caller meant to say.
+    let name = |key: &str| match object.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(name)) => Ok(Some(name.clone())),
+        Some(_) => Err(bad(&format!("{key} must be a string"))),
+    };
     let contents: Vec<&str> = ["text", "raw", "url", "data"]
         .into_iter()
         .filter(|k| object.contains_key(*k))
@@ -401,8 +407,8 @@ pub fn incoming_part(i: usize, part: &Value) -> Result<send::Part, RpcError> {
                 (None, Some(text))
             };
             send::Part::File {
-                name: name("filename"),
-                mime_type: name("mediaType"),
+                name: name("filename")?,
+                mime_type: name("mediaType")?,
                 uri,
                 bytes,
             }

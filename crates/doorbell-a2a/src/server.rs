@@ -402,9 +402,7 @@ async fn dispatch(who: Who, call: Call) -> Result<Response, (Value, RpcError)> {
         }
         "SendMessage" => {
             // A blocking send takes its place among the streams before it sends anything.
-            let blocks = !params["configuration"]["returnImmediately"]
-                .as_bool()
-                .unwrap_or(false);
+            let blocks = !return_immediately(&params).map_err(fail)?;
             let waiting = if blocks {
                 Some(stream_permit(&who).map_err(fail)?)
             } else {
@@ -493,6 +491,23 @@ fn task_id(params: &Value) -> Result<String, RpcError> {
         .filter(|id| !id.is_empty())
         .map(str::to_owned)
         .ok_or_else(|| RpcError::invalid_params("params.id (the task's id) is required"))
+}
+
+/// `configuration.returnImmediately`; a configuration that is not an object, or a flag that
+/// is not a boolean, is invalid params (taken as absent, the call would block for a minute
+/// after its message was sent).
+fn return_immediately(params: &Value) -> Result<bool, RpcError> {
+    match params.get("configuration") {
+        None | Some(Value::Null) => Ok(false),
+        Some(configuration @ Value::Object(_)) => Ok(optional(
+            configuration,
+            "returnImmediately",
+            Value::as_bool,
+            "true or false",
+        )?
+        .unwrap_or(false)),
+        Some(_) => Err(RpcError::invalid_params("configuration must be an object")),
+    }
 }
 
 fn history_length(params: &Value) -> Result<Option<usize>, RpcError> {
@@ -739,16 +754,10 @@ fn send_incoming(
             let note = note_to(&view, who, reference, incoming.context_id, base)?;
             // Here already: a bridge that asked brought it back from the task's history,
             // and its own forwarder sends it too. Delivered, not written twice.
-            if let Some(found) = view.message(&id)? {
-                if is_note_of(&found, who, note.correlates_to.as_deref()) {
-                    let context = note.context_id.clone().unwrap_or_else(|| id.clone());
-                    let placed = send::Placed {
-                        id,
-                        inbox: who.station.clone(),
-                        offset: None,
-                    };
-                    return Ok((None, placed, context));
-                }
+            let task = note.correlates_to.as_deref();
+            if let Some(placed) = sent_before(&view, who, &id, |f| is_note_of(f, who, task))? {
+                let context = note.context_id.clone().unwrap_or(id);
+                return Ok((None, placed, context));
             }
             (None, note)
         }
@@ -779,6 +788,13 @@ fn send_incoming(
                 )));
             }
             if request.state.is_terminal() {
+                // A retry of a message the task got before it closed (its answer was lost on
+                // the way back): delivered once, and said so again, as a retry while it was
+                // open would be.
+                let of_task = |f: &_| is_message_of(f, who, Some(&task));
+                if let Some(placed) = sent_before(&view, who, &id, of_task)? {
+                    return Ok((Some(task), placed, request.context_id.clone()));
+                }
                 return Err(closed_task(&task, request.state));
             }
             let answer = match (kind, incoming.state.as_deref()) {
@@ -817,6 +833,21 @@ fn send_incoming(
         .next()
         .ok_or_else(|| RpcError::internal("nothing was sent"))?;
     Ok((task, placed, context))
+}
+
+/// The caller's message `id`, accepted already in the station's inbox, when `is_it` says it
+/// is the one sent again: a retry, delivered once.
+fn sent_before(
+    view: &View,
+    who: &Who,
+    id: &str,
+    is_it: impl Fn(&doorbell_store::view::Found) -> bool,
+) -> Result<Option<send::Placed>, RpcError> {
+    Ok(view.message(id)?.filter(is_it).map(|_| send::Placed {
+        id: id.to_owned(),
+        inbox: who.station.clone(),
+        offset: None,
+    }))
 }
 
 /// What a message to a closed task is told.
@@ -983,11 +1014,18 @@ async fn closed(who: &Who, task: &str) -> Option<State> {
 
 /// Whether `found` is the caller's note to the station about `task`.
 fn is_note_of(found: &doorbell_store::view::Found, who: &Who, task: Option<&str>) -> bool {
+    is_message_of(found, who, task)
+        && found
+            .envelope()
+            .is_some_and(|envelope| envelope.kind == doorbell_core::Kind::Note)
+}
+
+/// Whether `found` is the caller's message to the station about `task` (a note or an
+/// answer), accepted already.
+fn is_message_of(found: &doorbell_store::view::Found, who: &Who, task: Option<&str>) -> bool {
     found.inbox == who.station
         && found.envelope().is_some_and(|envelope| {
-            envelope.from == who.caller
-                && envelope.kind == doorbell_core::Kind::Note
-                && envelope.correlates_to.as_deref() == task
+            envelope.from == who.caller && envelope.correlates_to.as_deref() == task
         })
 }
 
