@@ -1480,3 +1480,28 @@ fn a_sender_waiting_for_the_lock_of_an_inbox_rotated_meanwhile_writes_to_the_new
         assert_eq!(shown.code, 0, "script {script}: {shown:?}");
     }
 }
+
+#[test]
+fn a_line_written_through_a_hard_link_of_an_inbox_is_judged_as_that_inbox_s_at_once() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    bridge.send("design", "web", "before the link");
+    let _daemon = crate::util::Daemon::start(&bridge, &[]);
+    bridge.wait_for(std::time::Duration::from_secs(20), "the first line", |b| {
+        b.verdicts().len() == 1
+    });
+    std::fs::hard_link(bridge.inbox("web"), bridge.inbox("frontend")).unwrap();
+    bridge.append_raw(
+        "frontend",
+        format!("{}\n", line("01VIATHELINK", "design", "web", "note", "")).as_bytes(),
+    );
+    // Nothing else is written: the write under the other name must be enough.
+    bridge.wait_for(
+        std::time::Duration::from_secs(20),
+        "the line written through the link, judged as web's",
+        |b| {
+            b.verdicts().iter().any(|(inbox, offset, verdict, _)| {
+                inbox == "web" && *offset > 0 && verdict == "accepted"
+            })
+        },
+    );
+}

@@ -159,7 +159,10 @@ impl Judge {
                     "this inbox is {other}'s file under another name (a hard link, or {other}'s inbox renamed): its lines were judged as {other}'s and are not judged again; rename it back, or give the new agent an inbox of its own"
                 );
             }
-            return Ok(false);
+            // A line written under this name is in `other`'s file: judged as `other`'s, now
+            // (the change is said under this name only). `other` is known to the journal, so
+            // it is never a double itself.
+            return self.sweep_one(&other, now, budget, held, stats);
         }
         // Whatever goes wrong (a stop, a failed write), the file stays open: if it is replaced
         // before the next sweep, its unread lines can still be drained.
