@@ -55,6 +55,7 @@ pub fn report(error: &anyhow::Error) -> i32 {
                 doorbell_store::Error::NoSuchAgent { .. }
                 | doorbell_store::Error::BadAgentName { .. }
                 | doorbell_store::Error::NotRegularFile { .. }
+                | doorbell_store::Error::StateNotFolder { .. }
                 | doorbell_store::Error::AgentExists { .. }
                 | doorbell_store::Error::NameTaken { .. }
                 | doorbell_store::Error::Config { .. }

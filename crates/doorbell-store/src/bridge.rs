@@ -125,7 +125,7 @@ impl Bridge {
         let path = self.dir.join(STATE_DIR);
         match fs::symlink_metadata(&path) {
             Ok(meta) if meta.file_type().is_dir() => {}
-            Ok(_) => return Err(Error::NotRegularFile { path }),
+            Ok(meta) => return Err(state_not_folder(path, &meta)),
             Err(e) if e.kind() == ErrorKind::NotFound => make_dir_in(&path)?,
             Err(e) => return Err(Error::io("stat", &path)(e)),
         }
@@ -472,6 +472,28 @@ fn check_name(name: &str) -> Result<()> {
             name: name.to_owned(),
         })
     }
+}
+
+/// The error for a state folder that is something else. A symlink is most often the state
+/// moved elsewhere: moved back, nothing is lost; an empty folder made in its place would
+/// lose the read positions and the journal.
+fn state_not_folder(path: PathBuf, meta: &fs::Metadata) -> Error {
+    let keep = "an empty new folder in its place would lose the read positions and the journal";
+    let (what, fix) = match fs::read_link(&path) {
+        Ok(target) if meta.file_type().is_symlink() => (
+            format!("a symlink to {}", target.display()),
+            format!(
+                "move the folder it points to back in its place (rm {0}; mv {1} {0}); {keep}",
+                path.display(),
+                target.display()
+            ),
+        ),
+        _ => (
+            "a file".to_owned(),
+            format!("move it aside and put the judge's state folder back there; {keep}"),
+        ),
+    };
+    Error::StateNotFolder { path, what, fix }
 }
 
 #[cfg(test)]

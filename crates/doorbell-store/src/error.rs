@@ -25,6 +25,12 @@ pub enum Error {
     AgentExists { name: String, path: PathBuf },
     #[error("{path} is not a regular file or folder (a symlink, FIFO or device is never followed): replace it with a real one")]
     NotRegularFile { path: PathBuf },
+    #[error("{path} is not a folder ({what}; a symlink is never followed), so nothing reads the judge's state: {fix}")]
+    StateNotFolder {
+        path: PathBuf,
+        what: String,
+        fix: String,
+    },
     #[error("the bridge folder {path} does not exist (create it, or pick another with --dir or DOORBELL_DIR)")]
     NoBridge { path: PathBuf },
     #[error("{path} has been locked by another process for {secs} s (a writer that hangs?): nothing was written; try again, or find the holder with `fuser {path}`")]
