@@ -438,3 +438,34 @@ fn read_and_show_give_no_invisible_or_control_character_raw_and_keep_their_cap()
         "{message}"
     );
 }
+
+/// A wait on several requests says which are answered and which it still waits for, timed
+/// out or not, with `any` too; `doorbell wait` prints what was answered before it times out.
+#[test]
+fn a_wait_says_what_is_answered_and_what_is_still_waited_for() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let answered = bridge.request("design", "web", "ETA?");
+    let open = bridge.request("design", "web", "and the logo?");
+    bridge.reply(&answered, "web", "completed", &[], "Friday");
+    let mut raw = Raw::start(&bridge, "design");
+    let ids = [answered.as_str(), open.as_str()];
+    for (n, any, timed_out) in [(2, false, true), (3, true, false)] {
+        raw.call(
+            n,
+            "wait",
+            &serde_json::json!({"ids": ids, "any": any, "timeout_secs": 1}),
+        );
+        let got = raw.answer(n);
+        let result = &got["result"]["structuredContent"];
+        assert_eq!(result["timedOut"], timed_out, "any {any}: {got}");
+        assert_eq!(result["answered"][0]["id"], answered.as_str(), "{got}");
+        assert_eq!(result["answered"].as_array().unwrap().len(), 1, "{got}");
+        assert_eq!(result["waiting"], serde_json::json!([open]), "{got}");
+    }
+    drop(raw.to.take());
+    let _ = raw.server.wait();
+    let run = bridge.doorbell(&["wait", &answered, &open, "--timeout", "1s", "--json"]);
+    assert_eq!(run.code, 124, "{run:?}");
+    assert!(run.stdout.contains(&answered), "{run:?}");
+    assert!(run.stderr.contains(&open), "{run:?}");
+}

@@ -317,28 +317,20 @@ impl Doorbell {
             let secs = args.timeout_secs.unwrap_or(60).min(MAX_WAIT_SECS);
             let deadline = Instant::now() + Duration::from_secs(secs);
             let cancelled = || cancelled.is_cancelled();
-            Ok(
-                match crate::wait::wait_for(
-                    bridge,
-                    &args.ids,
-                    args.any,
-                    deadline,
-                    Some(&cancelled),
-                )? {
-                    crate::wait::Waited::TimedOut(waiting) => {
-                        json!({ "timedOut": true, "answered": [], "waiting": waiting })
-                    }
-                    crate::wait::Waited::Answered(answered) => {
-                        let answered: Vec<Value> = answered
-                        .into_iter()
-                        .map(|(id, state, answer)| {
-                            json!({ "id": id, "state": state.as_str(), "answerId": answer })
-                        })
-                        .collect();
-                        json!({ "timedOut": false, "answered": answered, "waiting": [] })
-                    }
-                },
-            )
+            let waited =
+                crate::wait::wait_for(bridge, &args.ids, args.any, deadline, Some(&cancelled))?;
+            let answered: Vec<Value> = waited
+                .answered
+                .into_iter()
+                .map(|(id, state, answer)| {
+                    json!({ "id": id, "state": state.as_str(), "answerId": answer })
+                })
+                .collect();
+            Ok(json!({
+                "timedOut": waited.timed_out,
+                "answered": answered,
+                "waiting": waited.waiting,
+            }))
         })
         .await
     }

@@ -52,13 +52,13 @@ impl Awaited {
     }
 }
 
-/// How a wait ended.
-pub enum Waited {
-    /// The requests answered (each one, or with `any` the first), with their states and the
-    /// last response seen, in id order.
-    Answered(Vec<(String, State, Option<String>)>),
-    /// The deadline passed; these were still unanswered.
-    TimedOut(Vec<String>),
+/// How a wait ended: the requests answered (each one, or with `any` the first), with their
+/// states and the last response seen, in id order; those still waited for (with `any`, the
+/// others still unanswered); and whether the deadline passed first.
+pub struct Waited {
+    pub answered: Vec<(String, State, Option<String>)>,
+    pub waiting: Vec<String>,
+    pub timed_out: bool,
 }
 
 /// How much of the inboxes' unjudged tails is searched for an id at most; past it, the judge
@@ -119,21 +119,23 @@ fn waiting_for_judge(bridge: &doorbell_store::Bridge, ids: &[&str]) -> anyhow::R
 pub fn run(session: &Session, args: &WaitArgs) -> anyhow::Result<i32> {
     let timeout = parse_duration(&args.timeout).map_err(|e| refused(format!("--timeout: {e}")))?;
     let bridge = session.bridge()?;
-    match wait_for(&bridge, &args.ids, args.any, Instant::now() + timeout, None)? {
-        Waited::TimedOut(waiting) => {
-            eprintln!("doorbell: timed out waiting for {}", waiting.join(", "));
-            Ok(TIMED_OUT)
-        }
-        Waited::Answered(answered) => {
-            let mut code = OK;
-            for (id, state, answer) in &answered {
-                if finish(&bridge, id, *state, answer.as_deref(), args.json)? != OK {
-                    code = ENDED_BADLY;
-                }
-            }
-            Ok(code)
+    let waited = wait_for(&bridge, &args.ids, args.any, Instant::now() + timeout, None)?;
+    // What was answered is printed, timed out or not: a script waiting on several learns
+    // which ones it no longer waits for.
+    let mut code = OK;
+    for (id, state, answer) in &waited.answered {
+        if finish(&bridge, id, *state, answer.as_deref(), args.json)? != OK {
+            code = ENDED_BADLY;
         }
     }
+    if waited.timed_out {
+        eprintln!(
+            "doorbell: timed out waiting for {}",
+            waited.waiting.join(", ")
+        );
+        return Ok(TIMED_OUT);
+    }
+    Ok(code)
 }
 
 /// Wait until each of `ids` (a broadcast's id stands for its requests) is answered: closed or
@@ -158,7 +160,8 @@ pub fn wait_for(
         })
     };
     let look = |view: &doorbell_store::View| look(view, ids);
-    let settled = |awaited: &[(String, Awaited)]| {
+    // Where the wait stands: what is answered, and what is still waited for.
+    let standing = |awaited: &[(String, Awaited)], timed_out: bool| {
         let answered: Vec<(String, State, Option<String>)> = awaited
             .iter()
             .filter(|(_, a)| done(a.known))
@@ -167,17 +170,31 @@ pub fn wait_for(
                 Some((id.clone(), state, a.answer.as_ref().map(|x| x.id.clone())))
             })
             .collect();
-        if any && !answered.is_empty() {
-            Some(answered.into_iter().take(1).collect())
-        } else if answered.len() == awaited.len() {
-            Some(answered)
+        let waiting = awaited
+            .iter()
+            .filter(|(_, a)| !done(a.known))
+            .map(|(id, _)| id.clone())
+            .collect();
+        Waited {
+            answered,
+            waiting,
+            timed_out,
+        }
+    };
+    let settled = |awaited: &[(String, Awaited)]| {
+        let mut standing = standing(awaited, false);
+        if any && !standing.answered.is_empty() {
+            standing.answered.truncate(1);
+            Some(standing)
+        } else if standing.waiting.is_empty() {
+            Some(standing)
         } else {
             None
         }
     };
     // Answered already: nothing to watch.
-    if let Some(answered) = settled(&look(&view(bridge)?)?) {
-        return Ok(Waited::Answered(answered));
+    if let Some(waited) = settled(&look(&view(bridge)?)?) {
+        return Ok(waited);
     }
     // Watch before looking again, so that nothing between the look and the watch is missed.
     let events = Events::new(bridge)?;
@@ -187,8 +204,8 @@ pub fn wait_for(
     drop(view);
     let mut grace = Instant::now() + GRACE;
     loop {
-        if let Some(answered) = settled(&awaited) {
-            return Ok(Waited::Answered(answered));
+        if let Some(waited) = settled(&awaited) {
+            return Ok(waited);
         }
         if cancelled.is_some_and(|cancelled| cancelled()) {
             anyhow::bail!("cancelled");
@@ -217,13 +234,7 @@ pub fn wait_for(
             wake_by = wake_by.min(Instant::now() + CANCEL_POLL);
         }
         if !events.wait(Some(wake_by)) && Instant::now() >= deadline {
-            return Ok(Waited::TimedOut(
-                awaited
-                    .iter()
-                    .filter(|(_, a)| !done(a.known))
-                    .map(|(id, _)| id.clone())
-                    .collect(),
-            ));
+            return Ok(standing(&awaited, true));
         }
         if events.take_unjudged() {
             judge_if_idle(bridge)?;
