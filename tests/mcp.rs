@@ -469,3 +469,25 @@ fn a_wait_says_what_is_answered_and_what_is_still_waited_for() {
     assert!(run.stdout.contains(&answered), "{run:?}");
     assert!(run.stderr.contains(&open), "{run:?}");
 }
+
+/// A read of at most 0 messages reads none (an error, the message still unread), and a
+/// misspelt argument is an error naming the ones there are, never a default used in silence.
+#[test]
+fn a_read_of_none_and_a_misspelt_argument_are_errors() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let id = bridge.send("design", "web", "are you there?");
+    let mut raw = Raw::start(&bridge, "web");
+    raw.call(2, "read", &serde_json::json!({"max": 0}));
+    let none = raw.answer(2);
+    assert_eq!(none["result"]["isError"], true, "{none}");
+    raw.call(3, "wait", &serde_json::json!({"ids": [id], "timeout_s": 1}));
+    let typo = raw.answer(3);
+    assert_eq!(typo["result"]["isError"], true, "{typo}");
+    assert!(typo.to_string().contains("timeout_secs"), "{typo}");
+    raw.call(4, "read", &serde_json::json!({}));
+    let read = raw.answer(4);
+    let messages = &read["result"]["structuredContent"]["messages"];
+    assert_eq!(messages[0]["id"], id.trim(), "{read}");
+    drop(raw.to.take());
+    let _ = raw.server.wait();
+}

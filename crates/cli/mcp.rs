@@ -78,6 +78,7 @@ fn unread(bridge: &Bridge, agent: &str, moved: Moved) -> anyhow::Result<bool> {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct SendArgs {
     /// Recipients: agent names, or "all".
     to: Vec<String>,
@@ -92,6 +93,7 @@ struct SendArgs {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct ReplyArgs {
     /// The request's id.
     id: String,
@@ -101,12 +103,14 @@ struct ReplyArgs {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct ReadArgs {
     /// At most this many messages (default and most: 50).
     max: Option<usize>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct WaitArgs {
     /// Request ids (a broadcast's id stands for all its requests).
     ids: Vec<String>,
@@ -118,12 +122,16 @@ struct WaitArgs {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 struct ShowArgs {
     /// A message's id.
     id: String,
     /// Where in the message's text to start, in characters (a long text comes in pages).
     from: Option<usize>,
 }
+
+// Each tool's arguments deny unknown fields: a misspelt one (`timeout_s`) is an error
+// naming the fields there are, never a default used in silence.
 
 /// A failed call as the model sees it: what went wrong and how to fix it.
 fn tool_error(error: &anyhow::Error) -> CallToolResult {
@@ -277,7 +285,13 @@ impl Doorbell {
         Parameters(args): Parameters<ReadArgs>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        let max = args.max.unwrap_or(MAX_READ).clamp(1, MAX_READ);
+        // Zero is no read at all: an error, never one message taken as read.
+        if args.max == Some(0) {
+            return Ok(tool_error(&anyhow::anyhow!(
+                "max must be at least 1 (to see what waits without reading it: status)"
+            )));
+        }
+        let max = args.max.unwrap_or(MAX_READ).min(MAX_READ);
         // A call the client cancelled (its user pressed Esc while another reader held the
         // inbox) gets no answer: nothing in it may count as read. A cancel that comes while
         // the cursor moves undoes the move here; one that comes after, in `on_cancelled`.
