@@ -1505,3 +1505,56 @@ fn a_line_written_through_a_hard_link_of_an_inbox_is_judged_as_that_inbox_s_at_o
         },
     );
 }
+
+#[test]
+fn senders_wait_for_a_held_inbox_lock_as_long_as_their_timeout_says() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let asked = bridge.request("web", "design", "ETA?");
+    let held = std::fs::File::open(bridge.inbox("web")).unwrap();
+    held.lock().unwrap();
+    let sent = bridge.doorbell(&[
+        "send",
+        "--from",
+        "design",
+        "--to",
+        "web",
+        "--timeout",
+        "300ms",
+        "hello?",
+    ]);
+    let replied = bridge.doorbell(&[
+        "reply",
+        &asked,
+        "--from",
+        "design",
+        "--state",
+        "working",
+        "--timeout",
+        "300ms",
+        "on it",
+    ]);
+    for run in [sent, replied] {
+        assert_eq!(run.code, 1, "{run:?}");
+        assert!(
+            run.stderr.contains("locked by another process for 0.3 s"),
+            "{}",
+            run.stderr
+        );
+    }
+    let bad = bridge.doorbell(&[
+        "send",
+        "--from",
+        "design",
+        "--to",
+        "web",
+        "--timeout",
+        "soon",
+        "x",
+    ]);
+    assert_eq!(bad.code, 2, "{bad:?}");
+    drop(held);
+    assert!(bridge
+        .lines("web")
+        .iter()
+        .all(|l| !String::from_utf8_lossy(l).contains("on it")));
+}

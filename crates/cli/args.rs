@@ -113,6 +113,10 @@ pub struct SendArgs {
     /// The text, or - to read it from stdin (the default when there is no --data)
     #[arg(value_name = "TEXT", allow_hyphen_values = false)]
     pub text: Option<String>,
+    /// How long to wait for an inbox another process holds locked, then give up with exit 1
+    /// (default 10s).
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -135,6 +139,10 @@ pub struct ReplyArgs {
     /// The text, or - to read it from stdin
     #[arg(value_name = "TEXT")]
     pub text: Option<String>,
+    /// How long to wait for an inbox another process holds locked, then give up with exit 1
+    /// (default 10s).
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -147,6 +155,10 @@ pub struct CancelArgs {
     /// Why, or - to read it from stdin
     #[arg(value_name = "TEXT")]
     pub text: Option<String>,
+    /// How long to wait for an inbox another process holds locked, then give up with exit 1
+    /// (default 10s).
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
 }
 
 #[derive(Debug, Args)]

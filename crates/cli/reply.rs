@@ -8,30 +8,25 @@ use crate::args::{CancelArgs, ReplyArgs, SendArgs};
 use crate::exit::OK;
 use crate::session::{view, Session};
 
-/// Answer request `id` as `from` with `state`.
+/// Answer request `id` as `from` with `state`; `content` gives its text, data, id and how
+/// long to wait for a locked inbox, as `send` takes them.
 fn answer(
     session: &Session,
     id: &str,
     from: Option<String>,
     state: &str,
-    text: Option<String>,
-    data: Option<String>,
-    reply_id: Option<String>,
+    content: &SendArgs,
 ) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let view = view(&bridge)?;
     let answer = view.answer(id, from, state)?;
     // Text and data are read and checked as `send` reads them.
-    let content = crate::send::message(&SendArgs {
-        text,
-        data,
-        id: reply_id,
-        ..SendArgs::default()
-    })?;
+    let content = crate::send::message(content)?;
     let ids = view.send(&Message {
         id: content.id,
         text: content.text,
         data: content.data,
+        lock_wait: content.lock_wait,
         ..answer
     })?;
     crate::send::print_ids(&ids)?;
@@ -39,15 +34,14 @@ fn answer(
 }
 
 pub fn reply(session: &Session, args: ReplyArgs) -> anyhow::Result<i32> {
-    answer(
-        session,
-        &args.id,
-        args.from,
-        &args.state,
-        args.text,
-        args.data,
-        args.reply_id,
-    )
+    let content = SendArgs {
+        text: args.text,
+        data: args.data,
+        id: args.reply_id,
+        timeout: args.timeout,
+        ..SendArgs::default()
+    };
+    answer(session, &args.id, args.from, &args.state, &content)
 }
 
 /// Cancel request `id`, or every open request of the broadcast `id` its sender asked.
@@ -60,16 +54,12 @@ pub fn cancel(session: &Session, args: CancelArgs) -> anyhow::Result<i32> {
     };
     let ids = view(&session.bridge()?)?.to_cancel(&args.id, args.from.as_deref())?;
     for id in ids {
-        let text = Some(text.clone());
-        answer(
-            session,
-            &id,
-            args.from.clone(),
-            "canceled",
-            text,
-            None,
-            None,
-        )?;
+        let content = SendArgs {
+            text: Some(text.clone()),
+            timeout: args.timeout.clone(),
+            ..SendArgs::default()
+        };
+        answer(session, &id, args.from.clone(), "canceled", &content)?;
     }
     Ok(OK)
 }

@@ -131,10 +131,19 @@ pub fn message(args: &SendArgs) -> anyhow::Result<Message> {
         .as_deref()
         .map(|t| parse_time(t, Utc::now()))
         .transpose()?;
+    let lock_wait = args
+        .timeout
+        .as_deref()
+        .map(|t| {
+            doorbell_core::duration::parse_duration(t)
+                .map_err(|e| crate::exit::refused(format!("--timeout: {e}")))
+        })
+        .transpose()?;
     Ok(Message {
         reply_by,
         text,
         data,
+        lock_wait,
         ..message_without_content(args)
     })
 }

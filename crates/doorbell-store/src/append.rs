@@ -14,14 +14,6 @@ use std::time::{Duration, Instant};
 
 use crate::{Error, Result};
 
-/// Take `file`'s lock, waiting at most `wait` (a short sleep between tries).
-fn lock_within(file: &std::fs::File, path: &Path, wait: Duration) -> Result<()> {
-    lock_file_within(file, path, wait, || Error::InboxLocked {
-        path: path.to_path_buf(),
-        secs: wait.as_secs_f64(),
-    })
-}
-
 /// Lock `file` (at `path`), waiting at most `wait` for a process that holds it: then the
 /// error `locked` makes, never a wait for good.
 pub(crate) fn lock_file_within(
@@ -82,7 +74,12 @@ fn open_locked(path: &Path, wait: Duration) -> Result<File> {
     let until = Instant::now() + wait;
     loop {
         let file = open_inbox(path, true)?;
-        lock_within(&file, path, until.saturating_duration_since(Instant::now()))?;
+        // Said with the whole wait, however much of it a replaced file took.
+        let left = until.saturating_duration_since(Instant::now());
+        lock_file_within(&file, path, left, || Error::InboxLocked {
+            path: path.to_path_buf(),
+            secs: wait.as_secs_f64(),
+        })?;
         let held = file.metadata().map_err(Error::io("stat inbox", path))?;
         match std::fs::symlink_metadata(path) {
             Ok(now) if (now.dev(), now.ino()) == (held.dev(), held.ino()) => return Ok(file),

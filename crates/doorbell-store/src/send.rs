@@ -22,6 +22,8 @@ pub struct Message {
     /// Recipients; `all` means every station but the sender (a broadcast).
     pub to: Vec<String>,
     pub from: Option<String>,
+    /// How long to wait for an inbox another process holds locked (`None`: 10 s).
+    pub lock_wait: Option<std::time::Duration>,
     /// `request`, `response` or `note` (default: note, or response with `correlates_to`).
     pub kind: Option<String>,
     pub state: Option<String>,
@@ -453,7 +455,7 @@ fn append_one(
             &path,
             line.as_bytes(),
             created_at,
-            crate::append::SENDER_WAIT,
+            message.lock_wait.unwrap_or(crate::append::SENDER_WAIT),
             |_, _| Ok(()),
         );
     };
@@ -486,7 +488,7 @@ fn append_one(
         &path,
         line.as_bytes(),
         created_at,
-        crate::append::SENDER_WAIT,
+        message.lock_wait.unwrap_or(crate::append::SENDER_WAIT),
         |file, len| unjudged_conflict(file, len, judged, to, &new),
     )
 }
