@@ -1552,6 +1552,29 @@ fn senders_wait_for_a_held_inbox_lock_as_long_as_their_timeout_says() {
         "x",
     ]);
     assert_eq!(bad.code, 2, "{bad:?}");
+    let script = bridge.script(
+        &[
+            "--from",
+            "design",
+            "--to",
+            "web",
+            "--timeout",
+            "0.3",
+            "--",
+            "hello?",
+        ],
+        None,
+    );
+    assert_eq!(script.code, 1, "{script:?}");
+    assert!(
+        script
+            .stderr
+            .contains("locked by another process for 0.3 s"),
+        "{}",
+        script.stderr
+    );
+    let bad = bridge.script(&["--to", "web", "--timeout", "soon", "x"], None);
+    assert_eq!(bad.code, 2, "{bad:?}");
     drop(held);
     assert!(bridge
         .lines("web")
