@@ -475,22 +475,25 @@ fn bad_requests_get_the_specs_errors_and_append_nothing() {
         assert_eq!(answer["jsonrpc"], "2.0", "{what}: {answer}");
         assert!(answer.get("result").is_none(), "{what}: {answer}");
     }
-    // A version this gateway does not speak.
-    let (status, body) = http(
-        &addr,
-        "POST",
-        "/a2a/web",
-        &[
-            ("A2A-Version", "0.3"),
-            ("Authorization", &format!("Bearer {TOKEN}")),
-        ],
-        &call("GetTask", &json!({"id": task})),
-    );
-    assert_eq!(status, 200);
-    assert_eq!(
-        serde_json::from_str::<Value>(&body).unwrap()["error"]["code"],
-        -32009
-    );
+    // A version this gateway does not speak; an empty one is 0.3, as the spec says.
+    for version in ["0.3", ""] {
+        let (status, body) = http(
+            &addr,
+            "POST",
+            "/a2a/web",
+            &[
+                ("A2A-Version", version),
+                ("Authorization", &format!("Bearer {TOKEN}")),
+            ],
+            &call("GetTask", &json!({"id": task})),
+        );
+        assert_eq!(status, 200);
+        assert_eq!(
+            serde_json::from_str::<Value>(&body).unwrap()["error"]["code"],
+            -32009,
+            "A2A-Version {version:?}: {body}"
+        );
+    }
     // A station that does not exist has no endpoint and no card.
     let (status, _) = http(
         &addr,

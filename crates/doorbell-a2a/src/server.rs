@@ -341,12 +341,17 @@ async fn call(
         Ok(call) => call,
         Err((id, e)) => return error(&id, &e),
     };
+    // No header at all is taken as 1.0; an empty one means 0.3, as the spec says.
     if let Some(version) = headers
         .get("A2A-Version")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty())
+        .map(|v| v.to_str().unwrap_or("?"))
     {
-        if !matches!(version, "1.0" | "1") {
+        if !matches!(version.trim(), "1.0" | "1") {
+            let version = if version.trim().is_empty() {
+                "0.3 (an empty A2A-Version)"
+            } else {
+                version
+            };
             return error(&call.id, &RpcError::version_not_supported(version));
         }
     }
