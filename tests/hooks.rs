@@ -1007,3 +1007,15 @@ fn the_command_a_blocked_stop_suggests_works_where_the_hook_ran() {
     let shown: Value = serde_json::from_str(shown.ok()).unwrap();
     assert_eq!(shown["state"], "completed", "{shown}");
 }
+
+#[test]
+fn a_briefing_says_each_debt_and_its_command_once() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let id = asks(&bridge, "the ETA?");
+    let answer = at(&bridge, "claude", "start", "web").expect("a briefing");
+    let text = context("claude", "SessionStart", &answer);
+    // Listed among the debts, and framed as an unread message: the command once.
+    let command = format!("reply {id} --from web");
+    assert_eq!(text.matches(&command).count(), 1, "{text}");
+    assert_eq!(text.matches("you owe design").count(), 1, "{text}");
+}

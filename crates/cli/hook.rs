@@ -570,6 +570,9 @@ struct Composer {
     messages: usize,
     left_out: usize,
     nonce: String,
+    /// Requests whose debt, with the command that pays it, is said already (a briefing's or
+    /// a blocked stop's list): a message of theirs framed after does not say it again.
+    listed: std::collections::BTreeSet<String>,
 }
 
 /// Room kept for the header and the footer's counts.
@@ -585,6 +588,7 @@ impl Composer {
             messages: 0,
             left_out: 0,
             nonce: nonce(),
+            listed: std::collections::BTreeSet::new(),
         }
     }
 
@@ -607,16 +611,18 @@ impl Composer {
 
     /// As many of `lines` as fit, in order, and then how many did not (`more` says it),
     /// room kept for that count while any are left.
-    fn lines_counted(&mut self, lines: &[String], more: impl Fn(usize) -> String) {
+    /// Say `lines` while they fit, then how many more there are; how many were said.
+    fn lines_counted(&mut self, lines: &[String], more: impl Fn(usize) -> String) -> usize {
         for (shown, line) in lines.iter().enumerate() {
             let left = lines.len() - shown - 1;
             let count = if left > 0 { units(&more(left)) + 1 } else { 0 };
             if units(line) + 1 + count > self.room() {
                 self.line(&more(lines.len() - shown));
-                return;
+                return shown;
             }
             self.line(line);
         }
+        lines.len()
     }
 
     fn debts_owed(&mut self, owes: &[&Request], now: DateTime<Utc>) {
@@ -638,9 +644,11 @@ impl Composer {
         };
         let debtor = first.debtor_station().to_owned();
         let program = self.program.clone();
-        self.lines_counted(&lines, |left| {
+        let said = self.lines_counted(&lines, |left| {
             format!("- and {left} more you owe: run `{program} debts --owed-by {debtor}`")
         });
+        self.listed
+            .extend(owes[..said].iter().map(|r| r.id.clone()));
     }
 
     fn owed_to(&mut self, owed: &[&Request], now: DateTime<Utc>) {
@@ -715,6 +723,9 @@ impl Composer {
             }
             head.push_str(item);
             head.push('\n');
+            if owes.iter().any(|r| r.id == pending[shown]) {
+                self.listed.insert(pending[shown].clone());
+            }
         }
         head.push_str(&self.body);
         self.body = head;
@@ -751,7 +762,8 @@ impl Composer {
         }
         // What the agent owes for this message, and the command that pays it: after the
         // frame, whole, however much of the text is cut.
-        let debt_line = owed.map_or_else(String::new, |request| {
+        let debt_line = owed.filter(|r| !self.listed.contains(&r.id));
+        let debt_line = debt_line.map_or_else(String::new, |request| {
             format!(
                 "- you owe {} an answer: {}\n",
                 doorbell_core::debts::waiting(request),
