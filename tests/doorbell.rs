@@ -1342,3 +1342,22 @@ fn status_says_lines_a_stopped_judge_has_not_judged() {
         status.stderr
     );
 }
+
+#[test]
+fn status_says_lines_of_an_inbox_a_stopped_judge_never_looked_at() {
+    let bridge = bridge(&["web", "design", "human"]);
+    let daemon = crate::util::Daemon::start(&bridge, &[]);
+    daemon.signal("STOP");
+    // A station added while the judge is stopped: its inbox is new to the judge.
+    bridge.doorbell(&["agent", "add", "ops"]).ok();
+    let note = crate::util::line("01NEVERLOOKED", "design", "ops", "note", "");
+    bridge.append_raw("ops", format!("{note}\n").as_bytes());
+    bridge.age_inbox("ops", 60);
+    let status = bridge.doorbell(&["status"]);
+    daemon.signal("CONT");
+    assert!(
+        status.stderr.contains("ops's inbox has") && status.stderr.contains("has not judged"),
+        "{}",
+        status.stderr
+    );
+}

@@ -155,14 +155,19 @@ fn new_generation(
 fn judge_behind(
     bridge: &Bridge,
     name: &str,
-    journal: &crate::journal::InboxJournal,
+    journal: Option<&crate::journal::InboxJournal>,
     judge: &str,
 ) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(bridge.inbox_path(name).ok()?).ok()?;
     let idle = meta.modified().ok()?.elapsed().ok()?;
-    let same = (meta.dev(), meta.ino()) == (journal.dev, journal.ino);
-    let behind = meta.len().saturating_sub(journal.judged_to);
+    let (same, judged_to) = journal.map_or((true, 0), |journal| {
+        (
+            (meta.dev(), meta.ino()) == (journal.dev, journal.ino),
+            journal.judged_to,
+        )
+    });
+    let behind = meta.len().saturating_sub(judged_to);
     // A last line without its newline is `unfinished_line`'s to say.
     let ended = {
         use std::os::unix::fs::FileExt;
@@ -360,7 +365,8 @@ pub fn status(view: &mut View) -> Result<Status> {
                 .filter(|_| journal.last_accepted_at > 0)
                 .map(|t| t.to_rfc3339_opts(SecondsFormat::Secs, true));
         }
-        if let Some(other) = view.inbox_is_another(&agent.name)? {
+        let another = view.inbox_is_another(&agent.name)?;
+        if let Some(other) = &another {
             warnings.push(format!(
                 "{0}-inbox.jsonl is {other}'s inbox under another name (a hard link, or a rename): it is not judged; rename it back to {other}-inbox.jsonl, or give {0} an inbox of its own",
                 agent.name
@@ -370,7 +376,10 @@ pub fn status(view: &mut View) -> Result<Status> {
             warnings.extend(new_generation(&bridge, &agent.name, journal, Utc::now()));
         }
         warnings.extend(unfinished_line(&bridge, &agent.name));
-        if let (Some(judge), Some(journal)) = (&judge, view.inboxes().get(&agent.name)) {
+        // An inbox the judge has not looked at yet counts too (a judge stopped as it
+        // started); another's file under this name is said above.
+        if let (Some(judge), None) = (&judge, &another) {
+            let journal = view.inboxes().get(&agent.name);
             warnings.extend(judge_behind(&bridge, &agent.name, journal, judge));
         }
         warnings.extend(locked_with_lines_waiting(
