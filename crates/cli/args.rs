@@ -75,6 +75,16 @@ pub enum Command {
     Man,
 }
 
+/// How long a sender waits for an inbox another process holds locked (`send`, `reply`,
+/// `cancel`).
+#[derive(Debug, Default, Clone, Args)]
+pub struct LockWait {
+    /// How long to wait for an inbox another process holds locked, then give up with exit 1
+    /// (default 10s).
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
+}
+
 #[derive(Debug, Default, Args)]
 pub struct SendArgs {
     /// Recipient; repeat it, or say `all`, for a broadcast
@@ -113,10 +123,8 @@ pub struct SendArgs {
     /// The text, or - to read it from stdin (the default when there is no --data)
     #[arg(value_name = "TEXT", allow_hyphen_values = false)]
     pub text: Option<String>,
-    /// How long to wait for an inbox another process holds locked, then give up with exit 1
-    /// (default 10s).
-    #[arg(long, value_name = "DURATION")]
-    pub timeout: Option<String>,
+    #[command(flatten)]
+    pub lock: LockWait,
 }
 
 #[derive(Debug, Args)]
@@ -139,10 +147,8 @@ pub struct ReplyArgs {
     /// The text, or - to read it from stdin
     #[arg(value_name = "TEXT")]
     pub text: Option<String>,
-    /// How long to wait for an inbox another process holds locked, then give up with exit 1
-    /// (default 10s).
-    #[arg(long, value_name = "DURATION")]
-    pub timeout: Option<String>,
+    #[command(flatten)]
+    pub lock: LockWait,
 }
 
 #[derive(Debug, Args)]
@@ -155,10 +161,8 @@ pub struct CancelArgs {
     /// Why, or - to read it from stdin
     #[arg(value_name = "TEXT")]
     pub text: Option<String>,
-    /// How long to wait for an inbox another process holds locked, then give up with exit 1
-    /// (default 10s).
-    #[arg(long, value_name = "DURATION")]
-    pub timeout: Option<String>,
+    #[command(flatten)]
+    pub lock: LockWait,
 }
 
 #[derive(Debug, Args)]

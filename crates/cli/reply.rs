@@ -38,7 +38,7 @@ pub fn reply(session: &Session, args: ReplyArgs) -> anyhow::Result<i32> {
         text: args.text,
         data: args.data,
         id: args.reply_id,
-        timeout: args.timeout,
+        lock: args.lock,
         ..SendArgs::default()
     };
     answer(session, &args.id, args.from, &args.state, &content)
@@ -56,7 +56,7 @@ pub fn cancel(session: &Session, args: CancelArgs) -> anyhow::Result<i32> {
     for id in ids {
         let content = SendArgs {
             text: Some(text.clone()),
-            timeout: args.timeout.clone(),
+            lock: args.lock.clone(),
             ..SendArgs::default()
         };
         answer(session, &id, args.from.clone(), "canceled", &content)?;

@@ -132,6 +132,7 @@ pub fn message(args: &SendArgs) -> anyhow::Result<Message> {
         .map(|t| parse_time(t, Utc::now()))
         .transpose()?;
     let lock_wait = args
+        .lock
         .timeout
         .as_deref()
         .map(|t| {
