@@ -768,6 +768,52 @@ fn a_blocked_stop_with_no_room_for_every_debt_counts_the_rest() {
     assert!(named > 0, "{reason}");
 }
 
+/// A briefing with no room for every debt says each one or counts it, what the agent owes
+/// and what it is owed alike: a full list of its own debts never leaves the other list out
+/// without a word. Where the first list ends depends on the lines' lengths, so the creditor's
+/// name grows one letter at a time across the whole width of a line.
+#[test]
+fn a_full_briefing_still_says_or_counts_what_the_agent_is_owed() {
+    const OWED_BY_WEB: usize = 40;
+    let count = |text: &str, more: &str| -> usize {
+        text.lines()
+            .find(|l| l.contains(more))
+            .and_then(|l| l.strip_prefix("- and ")?.split(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    for len in 4..=24 {
+        let creditor: String = "c".repeat(len);
+        let bridge = Bridge::with_agents(&["web", "design", &creditor]);
+        let mut to_web = String::new();
+        for n in 0..OWED_BY_WEB {
+            let id = format!("01FULLBRIEF{n:03}");
+            to_web.push_str(&crate::util::line(&id, &creditor, "web", "request", ""));
+            to_web.push('\n');
+        }
+        bridge.append_raw("web", to_web.as_bytes());
+        bridge.append_raw(
+            "design",
+            format!(
+                "{}\n",
+                crate::util::line("01WEBASKSDESIGN", "web", "design", "request", "")
+            )
+            .as_bytes(),
+        );
+        bridge.doorbell(&["daemon", "--once"]).ok();
+        let answer = at(&bridge, "claude", "start", "web").expect("a briefing");
+        let text = context("claude", "SessionStart", &answer);
+        let debts = text.lines().filter(|l| l.starts_with("- you owe ")).count()
+            + count(&text, "more you owe");
+        assert_eq!(debts, OWED_BY_WEB, "creditor of {len} letters: {text}");
+        let credits = text
+            .lines()
+            .filter(|l| l.starts_with("- design owes you an answer to 01WEBASKSDESIGN"))
+            .count()
+            + count(&text, "more owed to you");
+        assert_eq!(credits, 1, "creditor of {len} letters: {text}");
+    }
+}
+
 /// A stop is never blocked twice for one set of debts, a prompt between or not: the agent
 /// was told, and the debt stays in `doorbell debts` and the morning report.
 #[test]

@@ -338,7 +338,7 @@ fn answer(session: &Session, args: &HookArgs, raw: &[u8]) -> anyhow::Result<Opti
         state.blocks_in_row = 0;
     }
     if input.moment == Moment::Start {
-        text.debts_owed(&owes, now);
+        text.debts_owed(&owes, text.owed_to_room(&credits), now);
         text.owed_to(&credits, now);
     }
     let decision_block = input.moment == Moment::Stop;
@@ -578,6 +578,10 @@ struct Composer {
 /// Room kept for the header and the footer's counts.
 const RESERVE: usize = 500;
 
+fn owed_to_more(program: &str, left: usize) -> String {
+    format!("- and {left} more owed to you: run `{program} debts`")
+}
+
 impl Composer {
     fn new(max: usize, agent: &str, program: String) -> Composer {
         Composer {
@@ -609,14 +613,19 @@ impl Composer {
         true
     }
 
-    /// As many of `lines` as fit, in order, and then how many did not (`more` says it),
-    /// room kept for that count while any are left.
-    /// Say `lines` while they fit, then how many more there are; how many were said.
-    fn lines_counted(&mut self, lines: &[String], more: impl Fn(usize) -> String) -> usize {
+    /// Say `lines` while they fit, then how many more there are; how many were said. Room
+    /// is kept for that count while any are left, and `keep` units after the last line (for
+    /// the count of a list that follows: a list is never left out without a word).
+    fn lines_counted(
+        &mut self,
+        lines: &[String],
+        keep: usize,
+        more: impl Fn(usize) -> String,
+    ) -> usize {
         for (shown, line) in lines.iter().enumerate() {
             let left = lines.len() - shown - 1;
-            let count = if left > 0 { units(&more(left)) + 1 } else { 0 };
-            if units(line) + 1 + count > self.room() {
+            let after = if left > 0 { units(&more(left)) + 1 } else { 0 };
+            if units(line) + 1 + after + keep > self.room() {
                 self.line(&more(lines.len() - shown));
                 return shown;
             }
@@ -625,7 +634,8 @@ impl Composer {
         lines.len()
     }
 
-    fn debts_owed(&mut self, owes: &[&Request], now: DateTime<Utc>) {
+    /// What the agent owes, each with the command that pays it; `keep`: room for what follows.
+    fn debts_owed(&mut self, owes: &[&Request], keep: usize, now: DateTime<Utc>) {
         let lines: Vec<String> = owes
             .iter()
             .map(|r| {
@@ -644,7 +654,7 @@ impl Composer {
         };
         let debtor = first.debtor_station().to_owned();
         let program = self.program.clone();
-        let said = self.lines_counted(&lines, |left| {
+        let said = self.lines_counted(&lines, keep, |left| {
             format!("- and {left} more you owe: run `{program} debts --owed-by {debtor}`")
         });
         self.listed
@@ -665,9 +675,16 @@ impl Composer {
             })
             .collect();
         let program = self.program.clone();
-        self.lines_counted(&lines, |left| {
-            format!("- and {left} more owed to you: run `{program} debts`")
-        });
+        self.lines_counted(&lines, 0, |left| owed_to_more(&program, left));
+    }
+
+    /// The room the count of `owed` takes when none of it fits.
+    fn owed_to_room(&self, owed: &[&Request]) -> usize {
+        if owed.is_empty() {
+            0
+        } else {
+            units(&owed_to_more(&self.program, owed.len())) + 1
+        }
     }
 
     fn stop_reason(
