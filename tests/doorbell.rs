@@ -972,6 +972,34 @@ fn reply_cancel_show_debts_and_thread() {
 /// A loop's request answered with a question goes to the loop's owner: when the owner is the
 /// human, `debts`, the report and the board all say the human owes it, and the board's
 /// command is the one that pays it (`working`, the requester's side).
+/// The report lists a request by the first line of its text that says something: one that
+/// begins with a blank line is not listed with an empty text.
+#[test]
+fn the_report_lists_a_request_by_its_first_line_that_says_something() {
+    let bridge = Bridge::with_agents(&["design", "human"]);
+    let asked = bridge.request(
+        "design",
+        "human",
+        "\n  \nPlease approve the August invoice\nit is attached",
+    );
+    let report: Value =
+        serde_json::from_str(bridge.doorbell(&["report", "--format", "json"]).ok()).unwrap();
+    assert_eq!(
+        report["waitingOnHuman"][0]["id"],
+        asked.as_str(),
+        "{report}"
+    );
+    assert_eq!(
+        report["waitingOnHuman"][0]["text"], "Please approve the August invoice",
+        "{report}"
+    );
+    let text = bridge.doorbell(&["report"]);
+    assert!(
+        text.ok().contains("Please approve the August invoice"),
+        "{text:?}"
+    );
+}
+
 #[test]
 fn a_question_on_a_loops_request_is_owed_by_its_owner_everywhere() {
     let bridge = Bridge::with_agents(&["web", "human"]);

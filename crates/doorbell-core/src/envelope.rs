@@ -180,14 +180,19 @@ impl Message<'_> {
     }
 }
 
-/// A short view of a message for listings: its first line of text.
+/// A short view of a message for listings: its first line of text that says something (a
+/// text that begins with blank lines is not listed as empty).
 pub trait MessageSummary {
     fn first_line(&self) -> String;
 }
 
 impl MessageSummary for Message<'_> {
     fn first_line(&self) -> String {
-        self.text().lines().next().unwrap_or("").to_owned()
+        self.text()
+            .lines()
+            .find(|line| !line.trim().is_empty())
+            .unwrap_or("")
+            .to_owned()
     }
 }
 
