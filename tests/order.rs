@@ -587,3 +587,78 @@ fn a_line_in_a_conversations_turns_and_an_ids_takes_them_in_one_order() {
     let (live, caught_up) = both(&lines);
     assert_eq!(caught_up, live);
 }
+
+/// ann's inbox: bob answers a request that does not exist under id s7 (refused, so s7 is
+/// free again), cat asks ann under s7, cat cancels it under id n1; then bob writes a note to
+/// cat under n1 (refused live as reusing it). The cancel and the reuse take turns over n1:
+/// the cancel must still be judged after the lines written before it in its own inbox.
+#[test]
+fn a_line_judged_before_a_waiting_one_comes_after_the_lines_before_it_in_its_inbox() {
+    let lines = vec![
+        envelope(
+            "s7",
+            1,
+            0,
+            "response",
+            r#","correlatesTo":"r5","state":"failed""#,
+            8,
+            "no such request",
+        ),
+        envelope("s7", 2, 0, "request", r#","state":"submitted""#, 9, "ETA?"),
+        envelope(
+            "n1",
+            2,
+            0,
+            "response",
+            r#","correlatesTo":"s7","state":"canceled""#,
+            17,
+            "never mind",
+        ),
+        envelope("n1", 1, 2, "note", "", 20, "the same id"),
+    ];
+    let (live, caught_up) = both(&lines);
+    assert_eq!(live["ann/n1#0"].0, "accepted", "{live:?}");
+    assert_eq!(
+        live["cat/n1#0"],
+        ("refused".to_owned(), Some("id-reused".to_owned())),
+        "{live:?}"
+    );
+    assert_eq!(caught_up, live);
+}
+
+/// cat's inbox: bob's note n1. ann's inbox: bob answers a request that does not exist under
+/// id s7, cat asks ann under s7, then ann answers s7 to herself under n1. Live, the answer
+/// is misaddressed (s7's requester is cat), which comes before the reuse of n1: a catch-up
+/// must give the same reason, the request held before it judged first.
+#[test]
+fn an_answer_to_a_held_request_is_judged_after_it_with_the_same_reason() {
+    let lines = vec![
+        envelope("n1", 1, 2, "note", "", 2, "hi"),
+        envelope(
+            "s7",
+            1,
+            0,
+            "response",
+            r#","correlatesTo":"r5","state":"failed""#,
+            8,
+            "no such request",
+        ),
+        envelope("s7", 2, 0, "request", r#","state":"submitted""#, 9, "ETA?"),
+        envelope(
+            "n1",
+            0,
+            0,
+            "response",
+            r#","correlatesTo":"s7","state":"rejected""#,
+            17,
+            "no",
+        ),
+    ];
+    let (live, caught_up) = both(&lines);
+    assert_eq!(
+        live["ann/n1#0"],
+        ("refused".to_owned(), Some("misaddressed".to_owned())),
+        "{live:?}"
+    );
+    assert_eq!(caught_up, live);
+}

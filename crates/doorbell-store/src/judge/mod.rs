@@ -412,18 +412,25 @@ impl Judge {
             .collect();
         waiting.sort_by_key(|(rank, _)| *rank);
         // A held line that comes before a waiting one in its turns (an id's first claim, held
-        // for its request) is judged before it, as it was written before it.
+        // for its request) is judged before it, as it was written before it; and so is every
+        // held line judged before that one (the lines written before it in its own inbox
+        // among them), but those written after the waiting line in its inbox.
         let mut lines = Vec::with_capacity(waiting.len() + rest.len());
         for (_, line) in waiting {
             let before = held
                 .turns
                 .before(&(line.inbox.clone(), line.gen, line.offset));
-            if !before.is_empty() {
-                let (first, others) = rest.into_iter().partition(|held: &verdicts::Held| {
-                    before.contains(&(held.inbox.clone(), held.gen, held.offset))
-                });
-                lines.extend::<Vec<_>>(first);
-                rest = others;
+            let last_before = rest.iter().rposition(|held: &verdicts::Held| {
+                before.contains(&(held.inbox.clone(), held.gen, held.offset))
+            });
+            if let Some(last) = last_before {
+                let (after_it, first): (Vec<_>, Vec<_>) =
+                    rest.drain(..=last).partition(|held: &verdicts::Held| {
+                        (&held.inbox, held.gen) == (&line.inbox, line.gen)
+                            && held.offset > line.offset
+                    });
+                lines.extend(first);
+                rest.splice(0..0, after_it);
             }
             lines.push(line);
         }

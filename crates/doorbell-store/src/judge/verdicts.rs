@@ -330,10 +330,15 @@ impl Judge {
                     return Ok(());
                 }
             }
+            // A line that names a request a held line may yet make (its id is held) is
+            // judged after it: without it, a reason that needs the request (misaddressed,
+            // a transition) could not be told, and a later rule (id-reused) would speak.
             let unknown_request = matches!(
                 &verdict,
                 Verdict::Refused(refusal) if refusal.reason == RefusalReason::UnknownRequest
-            );
+            ) || envelope.correlates_to.as_deref().is_some_and(|request| {
+                held.ids.contains_key(request) && self.snapshot.ledger.request(request).is_none()
+            });
             // A line whose id a held line already carries is judged after it, as it was
             // written after it: otherwise a reuse would claim the id first.
             // Unless its id takes turns: those lines claim it in the order they were written.
