@@ -333,6 +333,61 @@ fn asked_and_locked(
     (daemon, id, held)
 }
 
+/// The rings beside a debt are its debtor's, since the debt last changed hands: web asks
+/// design a question (input-required), design is rung for it, then gives its input
+/// (`working`): web owes again, rung not once yet. `debts`, `show` and the report said the
+/// request's rings of its whole life, design's among them.
+#[test]
+fn the_rings_beside_a_debt_are_its_debtors_since_it_last_changed() {
+    let bridge = bridge(&["web", "design", "human"]);
+    let config = config(&bridge, "2s", 1.0, 3);
+    let _daemon = Daemon::start(&bridge, &["--config", &config]);
+    let id = request(&bridge, "design", "web", "the header colour?");
+    wait_accepted(&bridge, &id);
+    bridge.reply(&id, "web", "input-required", &[], "which page?");
+    wait_notes(&bridge, "design", &id, 1);
+    bridge.reply(&id, "design", "working", &[], "the landing page");
+    let debts: Value = serde_json::from_str(
+        bridge
+            .doorbell(&["debts", "--json", "--config", &config])
+            .ok(),
+    )
+    .unwrap();
+    let shown = bridge.doorbell(&["show", &id, "--config", &config]);
+    // Read after: a ring written to web meanwhile is counted, and none is claimed that
+    // was not written.
+    let web_rung = loop_notes(&bridge, "web", &id).len();
+    assert_eq!(debts["debts"][0]["debtor"], "web", "{debts}");
+    let rings = debts["debts"][0]["rings"].as_u64().unwrap();
+    assert!(
+        rings as usize <= web_rung,
+        "{debts}: web rung {web_rung} times"
+    );
+    assert!(
+        shown.ok().contains("web owes design since")
+            && shown.ok().contains(&format!("({rings} ring")),
+        "{shown:?}"
+    );
+    assert!(
+        shown.ok().contains("in all)"),
+        "the request's rings of its whole life are said too: {shown:?}"
+    );
+    // Once web is rung, the report (the debt stalled by then) counts that ring, not design's.
+    wait_notes(&bridge, "web", &id, 1);
+    let report: Value = serde_json::from_str(
+        bridge
+            .doorbell(&["report", "--format", "json", "--config", &config])
+            .ok(),
+    )
+    .unwrap();
+    let web_rung = loop_notes(&bridge, "web", &id).len();
+    let stalled = report["stalled"][0][1][0]["rings"].as_u64().unwrap();
+    assert!(
+        stalled >= 1 && stalled as usize <= web_rung,
+        "{report}: web rung {web_rung} times"
+    );
+}
+
 /// The debtor's inbox is locked by a hung process, so ring 1 cannot be written. No ring 2
 /// piles up behind it; when ring 2 was due, the human is told instead, with the truth: no
 /// ring written yet. Once the lock goes, ring 1 is written, ring 2 one interval after it,
@@ -898,7 +953,9 @@ fn reply_cancel_show_debts_and_thread() {
     assert_eq!(debts[0]["debtor"], "web");
     assert_eq!(debts[0]["creditor"], "design");
     assert_eq!(debts[0]["state"], "working");
-    assert_eq!(debts[0]["rings"], 2, "one ring in each epoch: {web}");
+    // One ring in each epoch: the heartbeat started the count again.
+    assert_eq!(debts[0]["rings"], 1, "rings since the heartbeat: {web}");
+    assert_eq!(debts[0]["ringsInAll"], 2, "one ring in each epoch: {web}");
     let none = json(&bridge, &["debts", "--owed-by", "ops", "--json"]);
     assert_eq!(none["debts"].as_array().unwrap().len(), 0, "{none}");
 

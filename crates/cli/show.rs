@@ -60,7 +60,20 @@ struct Owed {
     debtor: String,
     creditor: String,
     since: String,
+    /// Rings since `since` (the debt's state); `rings_in_all`: the request's whole life.
     rings: u32,
+    rings_in_all: u32,
+}
+
+/// The rings of a debt since it was last silent (its state's), and of the request's whole
+/// life when there were more (rung in an earlier state, perhaps the other side).
+fn rings_said(request: &doorbell_core::Request) -> String {
+    let now = plural(request.rings, "ring", "rings");
+    if request.rings_total > request.rings {
+        format!("{now} since; {} in all", request.rings_total)
+    } else {
+        now
+    }
 }
 
 impl Owed {
@@ -69,7 +82,8 @@ impl Owed {
             debtor: request.debtor_station().to_owned(),
             creditor: request.creditor().to_owned(),
             since: rfc(request.state_since),
-            rings: request.rings_total,
+            rings: request.rings,
+            rings_in_all: request.rings_total,
         })
     }
 }
@@ -215,7 +229,7 @@ pub fn show(session: &Session, args: &ShowArgs) -> anyhow::Result<i32> {
                 request.debtor_station(),
                 request.creditor(),
                 rfc(request.state_since),
-                plural(request.rings_total, "ring", "rings")
+                rings_said(request)
             )?;
         }
     }
@@ -237,7 +251,9 @@ struct DebtOut<'a> {
     state: &'a str,
     priority: u8,
     silent_since: String,
+    /// Rings since `silent_since`; `rings_in_all`: the request's whole life.
     rings: u32,
+    rings_in_all: u32,
     reply_by: Option<String>,
 }
 
@@ -270,7 +286,8 @@ pub fn debts(session: &Session, args: &DebtsArgs) -> anyhow::Result<i32> {
             state: d.state.as_str(),
             priority: d.priority,
             silent_since: rfc(d.state_since),
-            rings: d.rings_total,
+            rings: d.rings,
+            rings_in_all: d.rings_total,
             reply_by: d.reply_by.map(rfc),
         })
         .collect();

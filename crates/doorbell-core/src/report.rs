@@ -112,7 +112,7 @@ pub fn build(inputs: &Inputs<'_>) -> Report {
         state: r.state.as_str().to_owned(),
         silent_since: rfc(r.state_since),
         silent_for: (now - r.state_since).num_seconds().max(0),
-        rings: r.rings_total,
+        rings: r.rings,
         text: inputs.texts.get(&r.id).cloned().unwrap_or_default(),
     };
     let mut open: Vec<&Request> = inputs

@@ -510,7 +510,7 @@ fn markdown_judged_by(view: &mut View, now: DateTime<Utc>, judge: Option<&str>) 
                 r.creditor(),
                 r.state,
                 silent_for(r.state_since, now),
-                r.rings_total
+                r.rings
             );
         }
     }
