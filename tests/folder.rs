@@ -227,6 +227,50 @@ fn a_hard_linked_or_renamed_inbox_is_not_judged_again_and_no_sender_is_told_of_r
     }
 }
 
+/// A sender is never told "sent" for a line the judge will refuse: with web's inbox hard-linked
+/// as frontend's, a message to frontend would be refused as misaddressed. `doorbell send`
+/// refuses it and names the fix, and still sends to web; the shell sender cannot tell which
+/// name the judge reads, so it writes to neither. Nothing is written either way.
+#[test]
+fn no_sender_is_told_sent_for_a_message_to_a_hard_linked_second_name() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    bridge.send("design", "web", "before the link");
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    std::fs::hard_link(bridge.inbox("web"), bridge.inbox("frontend")).unwrap();
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let before = bridge.lines("web").len();
+    let sent = bridge.doorbell(&["send", "--from", "design", "--to", "frontend", "hello"]);
+    assert_ne!(sent.code, 0, "{sent:?}");
+    assert!(sent.stdout.is_empty(), "{sent:?}");
+    assert!(
+        sent.stderr
+            .contains("frontend-inbox.jsonl is web's inbox under another name")
+            && sent.stderr.contains("nothing was sent"),
+        "{sent:?}"
+    );
+    assert_eq!(bridge.lines("web").len(), before, "nothing written");
+    for to in ["frontend", "web"] {
+        let shell = bridge.script(&["--from", "design", "--to", to, "hello"], None);
+        assert_eq!(shell.code, 2, "{to}: {shell:?}");
+        assert!(
+            shell.stderr.contains("(a hard link)") && shell.stderr.contains("nothing was written"),
+            "{to}: {shell:?}"
+        );
+    }
+    assert_eq!(bridge.lines("web").len(), before, "nothing written");
+    // To the name the judge reads, `doorbell send` goes on sending, and it is accepted.
+    let to_web = bridge.send("design", "web", "after the link");
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    assert!(
+        bridge
+            .verdicts()
+            .iter()
+            .all(|(_, _, verdict, _)| verdict == "accepted"),
+        "{to_web}: {:?}",
+        bridge.verdicts()
+    );
+}
+
 #[test]
 fn a_megabyte_of_blank_lines_is_one_refused_fragment_not_hundreds_of_megabytes() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);

@@ -179,6 +179,9 @@ fn checked(
     let (from, kind) = sender_and_kind(message)?;
     let (registry, max_line_bytes) = judges_terms(bridge, view, (&from, &kind))?;
     let recipients = recipients(bridge, &message.to, &from)?;
+    for to in &recipients {
+        refuse_second_name(bridge, view, to)?;
+    }
     // A loop of the judge's (whatever the config file says now) has no inbox it reads.
     if let Some(to) = recipients.iter().find(|to| registry.loops.contains(*to)) {
         return Err(Error::NameTaken {
@@ -210,6 +213,36 @@ fn checked(
         )));
     }
     Ok((from, kind, recipients, registry, max_line_bytes))
+}
+
+/// A recipient whose inbox file is a known station's under a second name (a hard link): the
+/// judge reads that file as the other's inbox, so a line to this name would be refused as
+/// misaddressed after the sender was told it was sent. Only a file with more than one name
+/// is looked up.
+fn refuse_second_name(bridge: &Bridge, view: Option<&View>, to: &str) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let linked = std::fs::metadata(bridge.inbox_path(to)?).is_ok_and(|meta| meta.nlink() > 1);
+    if !linked {
+        return Ok(());
+    }
+    let opened;
+    let view = match view {
+        Some(view) => view,
+        None => match View::open(bridge) {
+            Ok(view) => {
+                opened = view;
+                &opened
+            }
+            // Nothing judged yet: no inbox is known by its file.
+            Err(_) => return Ok(()),
+        },
+    };
+    match view.inbox_is_another(to)? {
+        Some(other) => Err(refused(format!(
+            "{to}-inbox.jsonl is {other}'s inbox under another name (a hard link): the judge reads it as {other}'s, so a message to {to} would be refused as misaddressed; nothing was sent: send to {other}, or give {to} an inbox of its own (remove the link, then 'doorbell agent add {to}')"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The registry and line limit a running judge goes by, as it published them: the config
