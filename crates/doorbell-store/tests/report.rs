@@ -174,8 +174,14 @@ impl Item {
             creditor: creditor.clone(),
             state: state.to_owned(),
             since: book.since(),
-            rings: u32::try_from(doorbell(book, now).iter().filter(|r| !r.escalation).count())
-                .expect("few"),
+            // The rings of the current epoch: those since the state changed last.
+            rings: u32::try_from(
+                doorbell(book, now)
+                    .iter()
+                    .filter(|r| !r.escalation && r.at > book.since())
+                    .count(),
+            )
+            .expect("few"),
             title: book.title.clone(),
         }
     }
