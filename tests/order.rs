@@ -662,3 +662,99 @@ fn an_answer_to_a_held_request_is_judged_after_it_with_the_same_reason() {
     );
     assert_eq!(caught_up, live);
 }
+
+/// ann's inbox has two answers to cat's request r20 (failed, then input-required); the
+/// first has an id (s6) that bob's inbox claims first, in a line that waits for a request
+/// that never comes. Live, the second answer finds r20 closed. A catch-up let it pass the
+/// first, which waited for its id's turn, and accepted it.
+#[test]
+fn an_answer_never_passes_an_earlier_one_of_its_inbox_that_waits_for_its_ids_turn() {
+    let lines = vec![
+        envelope(
+            "s6",
+            0,
+            1,
+            "response",
+            r#","correlatesTo":"r0","state":"working""#,
+            7,
+            "no such request",
+        ),
+        envelope(
+            "r20",
+            0,
+            2,
+            "request",
+            r#","state":"submitted""#,
+            21,
+            "ETA?",
+        ),
+        envelope(
+            "s6",
+            2,
+            0,
+            "response",
+            r#","correlatesTo":"r20","state":"failed""#,
+            23,
+            "cannot",
+        ),
+        envelope(
+            "s26",
+            2,
+            0,
+            "response",
+            r#","correlatesTo":"r20","state":"input-required""#,
+            27,
+            "which one?",
+        ),
+    ];
+    let (live, caught_up) = both(&lines);
+    assert_eq!(
+        live["ann/s26#0"],
+        ("refused".to_owned(), Some("request-closed".to_owned())),
+        "{live:?}"
+    );
+    assert_eq!(caught_up, live);
+}
+
+/// bob is asked under id r10; bob asks cat (s9); cat answers s9 to ann under id r10. Live,
+/// the answer is misaddressed (s9's requester is bob), which comes before the reuse of r10.
+/// A catch-up judged it at r10's turn, before cat's inbox (and s9) was read: id-reused.
+#[test]
+fn an_answer_judged_at_its_ids_turn_waits_for_its_request_to_give_the_live_reason() {
+    let lines = vec![
+        envelope(
+            "r10",
+            2,
+            1,
+            "request",
+            r#","state":"submitted""#,
+            11,
+            "ETA?",
+        ),
+        envelope(
+            "s9",
+            1,
+            2,
+            "request",
+            r#","state":"submitted""#,
+            12,
+            "and yours?",
+        ),
+        envelope(
+            "r10",
+            2,
+            0,
+            "response",
+            r#","correlatesTo":"s9","state":"completed""#,
+            16,
+            "Friday",
+        ),
+    ];
+    let (live, caught_up) = both(&lines);
+    assert_eq!(
+        live["ann/r10#0"],
+        ("refused".to_owned(), Some("misaddressed".to_owned())),
+        "{live:?}"
+    );
+    assert_eq!(caught_up, live);
+}

@@ -20,7 +20,7 @@
 //! first.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 
 use chrono::DateTime;
@@ -234,10 +234,23 @@ impl Turns {
                 .collect();
             by_id.push((id_turn(&id), seen));
         }
+        // A response that takes its turn among an id's lines may wait for it: the other
+        // responses to its request then take turns with it, even from its own inbox alone,
+        // so that none passes it and finds the request in a state it had not reached.
+        let in_id_turn: HashSet<(usize, u64)> = by_id
+            .iter()
+            .flat_map(|(_, lines)| lines.iter().map(|&(index, offset, _)| (index, offset)))
+            .collect();
         let mut turns = Turns::default();
         let queues: Vec<(String, Vec<Seen>)> = responses
             .into_iter()
-            .filter(|(_, lines)| cross(lines))
+            .filter(|(_, lines)| {
+                cross(lines)
+                    || (lines.len() > 1
+                        && lines
+                            .iter()
+                            .any(|&(index, offset, _)| in_id_turn.contains(&(index, offset))))
+            })
             .chain(by_id)
             .collect();
         let ranks = ranks(&queues);

@@ -333,11 +333,17 @@ impl Judge {
             // A line that names a request a held line may yet make (its id is held) is
             // judged after it: without it, a reason that needs the request (misaddressed,
             // a transition) could not be told, and a later rule (id-reused) would speak.
+            // So is a response refused while its request is unknown: the request may be in
+            // an inbox not read yet, and then misaddressed, which comes before every other
+            // reason the ledger gives (unknown-sender, borrowed-name, id-reused), may be its
+            // reason, as it was live.
             let unknown_request = matches!(
                 &verdict,
                 Verdict::Refused(refusal) if refusal.reason == RefusalReason::UnknownRequest
             ) || envelope.correlates_to.as_deref().is_some_and(|request| {
-                held.ids.contains_key(request) && self.snapshot.ledger.request(request).is_none()
+                (held.ids.contains_key(request)
+                    || (envelope.kind == Kind::Response && matches!(verdict, Verdict::Refused(_))))
+                    && self.snapshot.ledger.request(request).is_none()
             });
             // A line whose id a held line already carries is judged after it, as it was
             // written after it: otherwise a reuse would claim the id first.
