@@ -156,6 +156,24 @@ fn line_at(file: &File, offset: u64, len: usize) -> Option<Vec<u8>> {
     Some(bytes)
 }
 
+/// The lines that take turns over an id.
+fn in_id_turns(by_id: &[(String, Vec<Seen>)]) -> HashSet<(usize, u64)> {
+    by_id
+        .iter()
+        .flat_map(|(_, lines)| lines.iter().map(|&(index, offset, _)| (index, offset)))
+        .collect()
+}
+
+/// A response that takes its turn among an id's lines may wait for it: the other responses
+/// to its request then take turns with it, even from its own inbox alone, so that none
+/// passes it and finds the request in a state it had not reached.
+fn waits_on_an_id(lines: &[Seen], in_id_turn: &HashSet<(usize, u64)>) -> bool {
+    lines.len() > 1
+        && lines
+            .iter()
+            .any(|&(index, offset, _)| in_id_turn.contains(&(index, offset)))
+}
+
 /// Whether `lines` come from more than one inbox.
 fn cross(lines: &[Seen]) -> bool {
     lines.iter().any(|(index, _, _)| *index != lines[0].0)
@@ -234,23 +252,11 @@ impl Turns {
                 .collect();
             by_id.push((id_turn(&id), seen));
         }
-        // A response that takes its turn among an id's lines may wait for it: the other
-        // responses to its request then take turns with it, even from its own inbox alone,
-        // so that none passes it and finds the request in a state it had not reached.
-        let in_id_turn: HashSet<(usize, u64)> = by_id
-            .iter()
-            .flat_map(|(_, lines)| lines.iter().map(|&(index, offset, _)| (index, offset)))
-            .collect();
+        let in_id_turn = in_id_turns(&by_id);
         let mut turns = Turns::default();
         let queues: Vec<(String, Vec<Seen>)> = responses
             .into_iter()
-            .filter(|(_, lines)| {
-                cross(lines)
-                    || (lines.len() > 1
-                        && lines
-                            .iter()
-                            .any(|&(index, offset, _)| in_id_turn.contains(&(index, offset))))
-            })
+            .filter(|(_, lines)| cross(lines) || waits_on_an_id(lines, &in_id_turn))
             .chain(by_id)
             .collect();
         let ranks = ranks(&queues);

@@ -302,6 +302,32 @@ fn json_string(quoted: &[u8]) -> Option<String> {
 }
 
 impl Judge {
+    /// Whether a line judged during a catch-up waits for the request it names: refused
+    /// `unknown-request`; or naming a request a held line may yet make (its id is held),
+    /// for without it a reason that needs the request (misaddressed, a transition) could
+    /// not be told and a later rule (id-reused) would speak; or a response refused while
+    /// its request is unknown: the request may be in an inbox not read yet, and then
+    /// misaddressed, which comes before every other reason the ledger gives
+    /// (unknown-sender, borrowed-name, id-reused), may be its reason, as it was live.
+    fn waits_for_request(
+        &self,
+        verdict: &Verdict,
+        envelope: &Envelope<'_>,
+        held: &HeldLines,
+    ) -> bool {
+        if matches!(
+            verdict,
+            Verdict::Refused(refusal) if refusal.reason == RefusalReason::UnknownRequest
+        ) {
+            return true;
+        }
+        envelope.correlates_to.as_deref().is_some_and(|request| {
+            (held.ids.contains_key(request)
+                || (envelope.kind == Kind::Response && matches!(verdict, Verdict::Refused(_))))
+                && self.snapshot.ledger.request(request).is_none()
+        })
+    }
+
     /// Judge one complete line; `held` is where a line waiting for its request goes while
     /// inboxes are still being read (`None` once every inbox was read).
     #[allow(clippy::too_many_arguments)]
@@ -330,21 +356,7 @@ impl Judge {
                     return Ok(());
                 }
             }
-            // A line that names a request a held line may yet make (its id is held) is
-            // judged after it: without it, a reason that needs the request (misaddressed,
-            // a transition) could not be told, and a later rule (id-reused) would speak.
-            // So is a response refused while its request is unknown: the request may be in
-            // an inbox not read yet, and then misaddressed, which comes before every other
-            // reason the ledger gives (unknown-sender, borrowed-name, id-reused), may be its
-            // reason, as it was live.
-            let unknown_request = matches!(
-                &verdict,
-                Verdict::Refused(refusal) if refusal.reason == RefusalReason::UnknownRequest
-            ) || envelope.correlates_to.as_deref().is_some_and(|request| {
-                (held.ids.contains_key(request)
-                    || (envelope.kind == Kind::Response && matches!(verdict, Verdict::Refused(_))))
-                    && self.snapshot.ledger.request(request).is_none()
-            });
+            let unknown_request = self.waits_for_request(&verdict, envelope, held);
             // A line whose id a held line already carries is judged after it, as it was
             // written after it: otherwise a reuse would claim the id first.
             // Unless its id takes turns: those lines claim it in the order they were written.
