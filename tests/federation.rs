@@ -296,6 +296,56 @@ fn notes_about_a_task_cross_both_ways_before_and_after_it_closes() {
     }
 }
 
+/// design asks web across, then cancels while B is down; web, not knowing yet, writes
+/// design a note about it. When B comes back, the cancel goes across and the note comes
+/// back, once: A no longer asks for the closed task's history, so B sends the note itself.
+#[test]
+fn a_note_written_while_the_requesters_cancel_was_on_its_way_still_arrives() {
+    let pair = Pair::new("");
+    let b = pair.start_b();
+    let _a = pair.start_a();
+    let id = pair.a.request("design", "web", "the logo files?");
+    read_wait(&pair.b, "web");
+    drop(b);
+    pair.a
+        .doorbell(&["cancel", &id, "--from", "design", "never mind"])
+        .ok();
+    let note = pair
+        .b
+        .doorbell(&[
+            "send",
+            "--to",
+            "design",
+            "--from",
+            "web",
+            "--kind",
+            "note",
+            "--correlates-to",
+            &id,
+            "half done already",
+        ])
+        .ok()
+        .trim()
+        .to_owned();
+    let _b = pair.start_b();
+    let arrived = read_wait(&pair.a, "design");
+    assert_eq!(arrived.len(), 1, "{arrived:?}");
+    assert_eq!(arrived[0]["id"], Value::from(note.as_str()));
+    assert_eq!(ids(&pair.a, "design")[&note], 1);
+    let waited = pair.b.doorbell(&["wait", &id, "--timeout", "30s"]);
+    assert_eq!(waited.code, 4, "cancelled on B too: {waited:?}");
+    // Nothing refused or left untaken on either side (A may still say that B could not be
+    // reached a moment ago: its forwarder tries again with backoff).
+    for bridge in [&pair.a, &pair.b] {
+        let status = bridge.doorbell(&["status"]).stderr;
+        assert!(
+            !status.contains("the bridge of the remote")
+                && !status.contains("could not be taken here"),
+            "{status}"
+        );
+    }
+}
+
 /// A's `[[remote]]` may name B's station otherwise than B does (`webb` for `web`): its
 /// answers, which B writes as from `web`, are brought back all the same, as from `webb`.
 #[test]

@@ -325,15 +325,15 @@ impl Forwarder {
                     ("CancelTask", json!({ "id": request }))
                 }
                 // A note about a task between the two sides, to the station, naming the task
-                // (a closed task takes no new message): always about the remote's own task;
-                // about what the remote asked, once it closed here, for the remote's bridge
-                // brings back what the task's history holds only while it is open there (a
-                // note it brought too is told delivered, not written twice).
+                // (a closed task takes no new message): about the remote's own task, and
+                // about what the remote asked, open here or not. The remote's bridge brings
+                // back what the task's history holds only while the task is open there: a
+                // requester that cancelled first stops asking, and a note written meanwhile
+                // would be lost. A note it brought too is told delivered, not written twice.
                 Some(asked)
                     if envelope.kind == Kind::Note
                         && (asked.addressee == self.remote.name
-                            || (asked.requester_station() == self.remote.name
-                                && !asked.is_open())) =>
+                            || asked.requester_station() == self.remote.name) =>
                 {
                     message["referenceTaskIds"] = json!([request]);
                     metadata["kind"] = json!("note");
@@ -348,8 +348,8 @@ impl Forwarder {
                     }
                     ("SendMessage", json!({ "message": message }))
                 }
-                // An answer to what the remote asked, or a note while it is open: its bridge
-                // brings it back from this bridge's gateway (`bring_back` there).
+                // An answer to what the remote asked: its bridge brings it back from this
+                // bridge's gateway (`bring_back` there).
                 Some(asked) if asked.requester_station() == self.remote.name => return Ok(()),
                 // A note about something the remote's bridge does not share: a note, in its
                 // thread.
