@@ -233,7 +233,8 @@ fn refuse_second_name(bridge: &Bridge, view: Option<&View>, to: &str) -> Result<
                 opened = view;
                 &opened
             }
-            // Nothing judged yet: no inbox is known by its file.
+            // No view (nothing judged yet, so no inbox is known by its file; or a judge
+            // that does not let go in time): the judge's refusal will say it, as before.
             Err(_) => return Ok(()),
         },
     };
