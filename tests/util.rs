@@ -471,6 +471,36 @@ impl Daemon {
             .status()
             .unwrap();
         assert!(status.success(), "kill -{name}");
+        if name == "STOP" {
+            self.wait_stopped();
+        }
+    }
+
+    /// A SIGSTOP stops a process's threads one by one, each as it next enters the kernel: a
+    /// line appended just after `kill -STOP` returned could still be judged. Wait until every
+    /// thread is stopped (`T` in /proc). No event says so: the state is looked at again
+    /// every millisecond, up to 10 s.
+    #[track_caller]
+    fn wait_stopped(&self) {
+        let tasks = format!("/proc/{}/task", self.child.id());
+        let stopped = || {
+            std::fs::read_dir(&tasks).is_ok_and(|entries| {
+                entries.flatten().all(|task| {
+                    std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+                        stat.rsplit_once(')')
+                            .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+                    })
+                })
+            })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !stopped() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the daemon did not stop within 10 s of SIGSTOP"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     /// Wait for the daemon to exit, up to `timeout`; its exit code (None: killed by a signal).
