@@ -477,30 +477,22 @@ impl Daemon {
     }
 
     /// A SIGSTOP stops a process's threads one by one, each as it next enters the kernel: a
-    /// line appended just after `kill -STOP` returned could still be judged. Wait until every
-    /// thread is stopped (`T` in /proc). No event says so: the state is looked at again
-    /// every millisecond, up to 10 s.
+    /// line appended just after `kill -STOP` returned could still be judged. The parent is
+    /// told once the whole process has stopped (`waitid` with `WSTOPPED`; `WNOWAIT` leaves
+    /// the child to `wait` as before).
     #[track_caller]
     fn wait_stopped(&self) {
-        let tasks = format!("/proc/{}/task", self.child.id());
-        let stopped = || {
-            std::fs::read_dir(&tasks).is_ok_and(|entries| {
-                entries.flatten().all(|task| {
-                    std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
-                        stat.rsplit_once(')')
-                            .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
-                    })
-                })
-            })
-        };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !stopped() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the daemon did not stop within 10 s of SIGSTOP"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+        use rustix::process::{waitid, Pid, WaitId, WaitIdOptions};
+        let pid = Pid::from_child(&self.child);
+        let status = waitid(
+            WaitId::Pid(pid),
+            WaitIdOptions::STOPPED | WaitIdOptions::NOWAIT,
+        )
+        .expect("waitid on the daemon");
+        assert!(
+            status.is_some_and(|s| s.stopped()),
+            "the daemon did not stop: {status:?}"
+        );
     }
 
     /// Wait for the daemon to exit, up to `timeout`; its exit code (None: killed by a signal).
