@@ -170,12 +170,90 @@ impl Model {
             .push(envelope(&id, from, to, "note", "", n * 7, "the same id"));
         self.reuses += 1;
     }
+
+    /// A line the judge refuses when it is appended, that changes nothing: an answer to a
+    /// request nobody made, an answer from a station that is not a party, an answer written
+    /// to the wrong inbox, a note under the id of an earlier line of the same inbox (not a
+    /// copy of it: a byte copy is a retry, which a catch-up cannot date; RELIABILITY).
+    fn stray(&mut self, n: usize, request: usize, a: u8, b: u8) {
+        let Open {
+            id,
+            requester,
+            addressee,
+            ..
+        } = &self.open[request];
+        let (id, requester, addressee) = (id.clone(), *requester, *addressee);
+        let third = 3 - requester - addressee;
+        let state = ["working", "completed"][b as usize % 2];
+        let answer = |to: &str| format!(r#","correlatesTo":"{to}","state":"{state}""#);
+        match a % 4 {
+            0 => {
+                let line = envelope(
+                    &format!("u{n}"),
+                    addressee,
+                    requester,
+                    "response",
+                    &answer(&format!("x{n}")),
+                    n * 7,
+                    "no such request",
+                );
+                self.lines.push(line);
+            }
+            1 => {
+                let line = envelope(
+                    &format!("t{n}"),
+                    third,
+                    requester,
+                    "response",
+                    &answer(&id),
+                    n * 7,
+                    "not a party",
+                );
+                self.lines.push(line);
+            }
+            2 => {
+                let (_, line) = envelope(
+                    &format!("w{n}"),
+                    addressee,
+                    requester,
+                    "response",
+                    &answer(&id),
+                    n * 7,
+                    "wrong inbox",
+                );
+                self.lines.push((STATIONS[third].to_owned(), line));
+            }
+            _ => {
+                let (inbox, line) = &self.lines[b as usize % self.lines.len()];
+                let value: serde_json::Value = serde_json::from_str(line).unwrap();
+                let earlier = value["id"].as_str().unwrap().to_owned();
+                let to = STATIONS.iter().position(|s| s == inbox).unwrap();
+                let from = (to + 1 + a as usize / 4 % 2) % 3;
+                self.lines.push(envelope(
+                    &earlier,
+                    from,
+                    to,
+                    "note",
+                    "",
+                    n * 7,
+                    "the same id, the same inbox",
+                ));
+            }
+        }
+    }
 }
 
 /// The lines a list of choices makes, each valid when it is appended (a new request or a
 /// broadcast, the addressee's next state, the requester's input or cancel, a note) but for
 /// notes that reuse an earlier line's id in another inbox; and how many of those there are.
 fn conversation(choices: &[(u8, u8, u8)]) -> (Vec<Append>, usize) {
+    let model = converse(choices, false);
+    (model.lines, model.reuses)
+}
+
+/// The choices' lines as [`conversation`] makes them, and, with `strays`, now and then a line
+/// refused when it is appended ([`Model::stray`]).
+fn converse(choices: &[(u8, u8, u8)], strays: bool) -> Model {
     let mut model = Model::default();
     for (i, &(what, a, b)) in choices.iter().enumerate() {
         let n = i + 1;
@@ -191,10 +269,11 @@ fn conversation(choices: &[(u8, u8, u8)]) -> (Vec<Append>, usize) {
             1 | 2 => model.answer(n, request, b),
             3 => model.input_or_cancel(n, request, b),
             _ if b % 4 == 3 => model.reuse(n, a, b),
+            _ if strays && b % 4 == 2 => model.stray(n, request, a, what / 5),
             _ => model.note(n, request, b),
         }
     }
-    (model.lines, model.reuses)
+    model
 }
 
 fn is_closed(state: &str) -> bool {
@@ -275,20 +354,24 @@ fn agree_with_reuses(lines: &[Append], reuses: usize) {
     assert_eq!(caught_up, live, "a catch-up over {lines:#?}");
 }
 
-fn equivalence(cases: u32, max_lines: usize) {
+/// The property's settings: `cases` cases from a fixed seed (`PROPTEST_RNG_SEED` for another).
+fn config(cases: u32) -> ProptestConfig {
     let seed = std::env::var("PROPTEST_RNG_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x005E_ED0F_0D3E);
     println!("order: PROPTEST_RNG_SEED={seed}");
-    let config = ProptestConfig {
+    ProptestConfig {
         cases,
         failure_persistence: None,
         rng_seed: RngSeed::Fixed(seed),
         max_shrink_iters: 200,
         ..ProptestConfig::default()
-    };
-    proptest!(config, |(choices in prop::collection::vec((any::<u8>(), any::<u8>(), any::<u8>()), 2..=max_lines))| {
+    }
+}
+
+fn equivalence(cases: u32, max_lines: usize) {
+    proptest!(config(cases), |(choices in prop::collection::vec((any::<u8>(), any::<u8>(), any::<u8>()), 2..=max_lines))| {
         let (lines, reuses) = conversation(&choices);
         agree_with_reuses(&lines, reuses);
     });
@@ -297,6 +380,28 @@ fn equivalence(cases: u32, max_lines: usize) {
 #[test]
 fn a_catch_up_judges_crossing_conversations_as_a_live_judge_does() {
     equivalence(16, 24);
+}
+
+/// The same, with lines refused when they are appended among them: a catch-up refuses each
+/// for the reason a live judge gave, and accepts what it accepted.
+fn equivalence_with_strays(cases: u32, max_lines: usize) {
+    proptest!(config(cases), |(choices in prop::collection::vec((any::<u8>(), any::<u8>(), any::<u8>()), 2..=max_lines))| {
+        let lines = converse(&choices, true).lines;
+        let (live, caught_up) = both(&lines);
+        prop_assert_eq!(live.len(), lines.len(), "every line judged live");
+        prop_assert_eq!(caught_up, live, "a catch-up over {:#?}", lines);
+    });
+}
+
+#[test]
+fn a_catch_up_refuses_what_a_live_judge_refused_for_the_same_reason() {
+    equivalence_with_strays(16, 24);
+}
+
+#[cfg(feature = "long")]
+#[test]
+fn a_catch_up_refuses_what_a_live_judge_refused_for_the_same_reason_long() {
+    equivalence_with_strays(300, 60);
 }
 
 #[cfg(feature = "long")]
