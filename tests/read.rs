@@ -217,19 +217,49 @@ fn human_output_escapes_terminal_controls() {
 fn an_unreadable_cursor_means_reading_from_the_start() {
     let bridge = Bridge::with_agents(&["web", "design"]);
     bridge.send("design", "web", "one");
-    assert_eq!(bridge.read_json("web", &[]).len(), 1);
-    std::fs::write(bridge.dir().join("web-inbox.cursor"), b"\0\0{\"vers").unwrap();
-    let run = bridge.doorbell(&["read", "web", "--json"]);
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    assert_eq!(run.stdout.lines().count(), 1, "shown again: {}", run.stdout);
+    // Torn JSON, and bytes that are not even UTF-8: what a power loss leaves is anything.
+    for garbage in [&b"\0\0{\"vers"[..], &b"\xff\xfe{\"version\":\xc3"[..]] {
+        assert_eq!(bridge.read_json("web", &[]).len(), 1);
+        std::fs::write(bridge.dir().join("web-inbox.cursor"), garbage).unwrap();
+        let status = bridge.doorbell(&["status"]);
+        assert_eq!(status.code, 0, "{}", status.stderr);
+        let run = bridge.doorbell(&["read", "web", "--json"]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        assert_eq!(run.stdout.lines().count(), 1, "shown again: {}", run.stdout);
+        assert!(
+            run.stderr.contains("cursor file cannot be read"),
+            "{}",
+            run.stderr
+        );
+        assert!(
+            bridge.read_json("web", &[]).is_empty(),
+            "and the cursor is whole again"
+        );
+        std::fs::write(bridge.dir().join("web-inbox.cursor"), b"").unwrap();
+    }
+}
+
+/// A cursor path that cannot be read at all (a folder in its place) stops that agent's reader
+/// with a clear error; status says it is the read position, not the inbox, that is wrong.
+#[test]
+fn a_cursor_that_cannot_be_opened_is_named_as_the_cursor() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    bridge.send("design", "web", "one");
+    std::fs::create_dir(bridge.dir().join("web-inbox.cursor")).unwrap();
+    let run = bridge.doorbell(&["read", "web"]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert!(run.stderr.contains("web-inbox.cursor"), "{}", run.stderr);
+    let status = bridge.doorbell(&["status"]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
     assert!(
-        run.stderr.contains("cursor file cannot be read"),
+        status.stderr.contains("web's read position cannot be read"),
         "{}",
-        run.stderr
+        status.stderr
     );
     assert!(
-        bridge.read_json("web", &[]).is_empty(),
-        "and the cursor is whole again"
+        !status.stderr.contains("web's inbox cannot be read"),
+        "{}",
+        status.stderr
     );
 }
 

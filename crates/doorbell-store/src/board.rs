@@ -15,7 +15,7 @@ use doorbell_core::Request;
 use serde::Serialize;
 
 use crate::bridge::Stray;
-use crate::{Bridge, Result, View};
+use crate::{Bridge, Error, Result, View};
 
 /// The board's file, in the bridge folder.
 pub const BOARD_FILE: &str = "STATUS.md";
@@ -191,6 +191,18 @@ const UNFINISHED_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How far back from an inbox's end its unfinished line is looked for.
 const UNFINISHED_LOOKED_AT: u64 = 64 << 10;
+
+/// Why `agent`'s unread count is unknown: its read position, or its inbox, cannot be read.
+fn unread_unknown(agent: &str, error: &Error) -> String {
+    match error {
+        Error::Io { action, .. } if action.ends_with(" cursor") => format!(
+            "{agent}'s read position cannot be read, so its reader stops and its unread count is unknown (move the file away to read from the start): {error}"
+        ),
+        _ => format!(
+            "{agent}'s inbox cannot be read, so its messages are not judged or shown: {error}"
+        ),
+    }
+}
 
 /// An inbox whose last bytes have had no newline for a while: a line no reader sees, nor
 /// the judge judges, until its writer ends it (or another line's writer does).
@@ -390,10 +402,7 @@ pub fn status(view: &mut View) -> Result<Status> {
         // One inbox that cannot be read (its mode, a disk error) is said, not fatal.
         match view.unread(&agent.name) {
             Ok(unread) => agent.unread = unread,
-            Err(error) => warnings.push(format!(
-                "{}'s inbox cannot be read, so its messages are not judged or shown: {error}",
-                agent.name
-            )),
+            Err(error) => warnings.push(unread_unknown(&agent.name, &error)),
         }
     }
     warnings.extend(bridge.config_warnings()?);

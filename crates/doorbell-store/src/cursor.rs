@@ -135,21 +135,22 @@ fn read_held(path: &Path) -> Result<Option<Held>> {
     };
     // Stamped before it is read: a change after the stamp is seen at the next look.
     let meta = file.metadata().map_err(Error::io("stat cursor", path))?;
-    let mut text = String::new();
-    file.read_to_string(&mut text)
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
         .map_err(Error::io("read cursor", path))?;
     Ok(Some(Held {
         file,
         stamp: Stamp::of(&meta),
-        cursor: parse_cursor(path, &text),
+        cursor: parse_cursor(path, &bytes),
     }))
 }
 
-fn parse_cursor(path: &Path, text: &str) -> Option<CursorFile> {
-    if text.trim().is_empty() {
+fn parse_cursor(path: &Path, bytes: &[u8]) -> Option<CursorFile> {
+    if bytes.trim_ascii().is_empty() {
         return None;
     }
-    match serde_json::from_str(text) {
+    // Bytes that are not UTF-8 are as unreadable as torn JSON, and go the same way.
+    match serde_json::from_slice(bytes) {
         Ok(cursor) => Some(cursor),
         Err(error) => {
             // Cursors are not synced (they may go back, never forward), so a power loss can
