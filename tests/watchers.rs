@@ -371,3 +371,192 @@ fn a_watch_takes_the_reader_lock_that_is_there_now() {
     );
     daemon.kill();
 }
+
+/// What a `watch` says, stdout and stderr, in the order it reaches the test.
+enum Said {
+    Printed(String),
+    Logged(String),
+}
+
+/// `doorbell watch web --json` with its debug log on: what it prints and what it logs.
+struct Logged {
+    child: WatchChild,
+    said: std::sync::mpsc::Receiver<Said>,
+}
+
+impl Logged {
+    fn start(bridge: &Bridge) -> Logged {
+        let mut command = bridge.command(&["watch", "web", "--json"]);
+        command
+            .env("DOORBELL_LOG", "warn,doorbell::watch=debug")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .stdin(std::process::Stdio::null());
+        let mut child = WatchChild(command.spawn().unwrap());
+        let (tx, said) = std::sync::mpsc::channel();
+        let printed = ids_of(child.0.stdout.take().unwrap());
+        let to = tx.clone();
+        std::thread::spawn(move || {
+            while let Ok(id) = printed.recv() {
+                let _ = to.send(Said::Printed(id));
+            }
+        });
+        let stderr = child.0.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                let _ = tx.send(Said::Logged(line));
+            }
+        });
+        Logged { child, said }
+    }
+
+    fn signal(&self, name: &str) {
+        signal(self.child.0.id(), name);
+    }
+
+    /// The next id printed.
+    #[track_caller]
+    fn next(&self) -> String {
+        loop {
+            match self
+                .said
+                .recv_timeout(PATIENCE)
+                .expect("watch printed nothing in time")
+            {
+                Said::Printed(id) => return id,
+                Said::Logged(_) => {}
+            }
+        }
+    }
+
+    /// The ids printed up to and with `last`.
+    #[track_caller]
+    fn until(&self, mut ids: Vec<String>, last: &str) -> Vec<String> {
+        while ids.last().map(String::as_str) != Some(last) {
+            ids.push(self.next());
+        }
+        ids
+    }
+
+    /// After it woke to a file changed in place: `None` when it said so and waits, or the
+    /// id it printed instead.
+    #[track_caller]
+    fn woken_to_a_changed_file(&self) -> Option<String> {
+        loop {
+            match self
+                .said
+                .recv_timeout(PATIENCE)
+                .expect("the watch never woke")
+            {
+                Said::Printed(id) => return Some(id),
+                Said::Logged(line) if line.contains("changed in place") => return None,
+                Said::Logged(_) => {}
+            }
+        }
+    }
+}
+
+/// Cut web's inbox in place to `len` bytes; what was cut, to write back.
+fn cut_in_place(bridge: &Bridge, len: u64) -> Vec<u8> {
+    let inbox = bridge.inbox("web");
+    let whole = std::fs::read(&inbox).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&inbox)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+    whole[len as usize..].to_vec()
+}
+
+/// Write back in place what [`cut_in_place`] cut: the same bytes, the same file.
+fn write_back(bridge: &Bridge, cut: &[u8]) {
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(bridge.inbox("web"))
+        .unwrap();
+    std::io::Write::write_all(&mut file, cut).unwrap();
+}
+
+fn inbox_len(bridge: &Bridge) -> u64 {
+    std::fs::metadata(bridge.inbox("web")).unwrap().len()
+}
+
+/// A `watch` woken while its inbox is cut in place (a restore with `cp` half done), before
+/// the judge has read it so: it shows nothing of the file and moves no cursor until the file
+/// is the one the judge read again, then shows what was accepted there, once (before: it
+/// printed what was left and moved the cursor over the rest, never shown).
+#[test]
+fn a_watch_woken_while_its_inbox_is_cut_in_place_skips_nothing() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let daemon = Daemon::start(&bridge, &[]);
+    let watch = Logged::start(&bridge);
+    bridge.append_raw("web", note("01CUTZERO").as_bytes());
+    assert_eq!(watch.next(), "01CUTZERO");
+    wait_for_first_move(&bridge);
+
+    // Three more judged while the watch is stopped; then the judge is stopped too, and the
+    // inbox cut in place after the first of them.
+    watch.signal("STOP");
+    let cut_at = inbox_len(&bridge) + note("01CUTONE").len() as u64;
+    for id in ["01CUTONE", "01CUTTWO", "01CUTTHREE"] {
+        bridge.append_raw("web", note(id).as_bytes());
+    }
+    bridge.wait_for(PATIENCE, "four judged", |b| b.verdict_count() == 4);
+    daemon.signal("STOP");
+    let cut = cut_in_place(&bridge, cut_at);
+    watch.signal("CONT");
+    // The watch wakes to the judge's news and finds the file cut: it says so (or, wrongly,
+    // prints what is left).
+    let first = watch.woken_to_a_changed_file();
+    // The rest written back in place: the judge, let go, finds nothing new.
+    write_back(&bridge, &cut);
+    daemon.signal("CONT");
+    bridge.append_raw("web", note("01CUTFOUR").as_bytes());
+    assert_eq!(
+        watch.until(first.into_iter().collect(), "01CUTFOUR"),
+        ["01CUTONE", "01CUTTWO", "01CUTTHREE", "01CUTFOUR"]
+    );
+    daemon.kill();
+}
+
+/// The same, after another reader read on while the watch was stopped: the watch, woken to
+/// the cut file, finds the cursor does not fit it; once the file is whole again the cursor
+/// fits again, and what the other reader showed is not shown again (before: the watch kept
+/// its first look, "the cursor is for another file", and printed from its own place).
+#[test]
+fn a_watch_woken_while_its_inbox_is_cut_in_place_repeats_nothing_another_reader_showed() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let daemon = Daemon::start(&bridge, &[]);
+    let watch = Logged::start(&bridge);
+    bridge.append_raw("web", note("01OTHERZERO").as_bytes());
+    assert_eq!(watch.next(), "01OTHERZERO");
+    wait_for_first_move(&bridge);
+
+    watch.signal("STOP");
+    let cut_at = inbox_len(&bridge) + note("01OTHERONE").len() as u64;
+    for id in ["01OTHERONE", "01OTHERTWO"] {
+        bridge.append_raw("web", note(id).as_bytes());
+    }
+    bridge.wait_for(PATIENCE, "three judged", |b| b.verdict_count() == 3);
+    let read: Vec<String> = bridge
+        .read_json("web", &[])
+        .iter()
+        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(read, ["01OTHERONE", "01OTHERTWO"]);
+    daemon.signal("STOP");
+    let cut = cut_in_place(&bridge, cut_at);
+    watch.signal("CONT");
+    let first = watch.woken_to_a_changed_file();
+    write_back(&bridge, &cut);
+    daemon.signal("CONT");
+    bridge.append_raw("web", note("01OTHERTHREE").as_bytes());
+    assert_eq!(
+        watch.until(first.into_iter().collect(), "01OTHERTHREE"),
+        ["01OTHERTHREE"],
+        "what the other reader showed is not shown again"
+    );
+    daemon.kill();
+}

@@ -62,6 +62,8 @@ pub fn follow(
     };
     // What one turn prints goes out in one write (print_accepted flushes).
     let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+    // The inbox is not the file the judge last read (changed in place since).
+    let mut unsettled = false;
     loop {
         if inbox_identity == (journal.journal.dev, journal.journal.ino) {
             // One reader of the agent at a time; another may have read on meanwhile. `read
@@ -91,38 +93,58 @@ pub fn follow(
                 follow_file(&path, &journal, &mut inbox, &mut inbox_identity)?;
                 continue;
             }
-            if let cursor::Position::At(at) = keeper.load(&inbox, inbox_identity, gen)? {
-                printed_to = printed_to.max(at);
-            }
-            let reading = Inbox {
-                agent,
-                file: &inbox,
-            };
-            match print_accepted(&reading, &mut journal, printed_to, json, None, &mut out)? {
-                Printed::ClosedPipe => return Ok(OK),
-                Printed::Upto(to, count, _) => {
-                    if to > printed_to {
-                        keeper.advance(&bridge, &inbox, (inbox_identity, gen), to, via)?;
-                        printed_to = to;
-                    }
-                    if count > 0 && matches!(until, Until::FirstMessages(_)) {
-                        return Ok(OK);
+            let position = keeper.load(&inbox, inbox_identity, gen)?;
+            // The inbox cut or rewritten in place (a restore with `cp`) since the judge last
+            // read it: its offsets are not the picture's lines. Nothing is shown from it, nor
+            // the cursor moved, until it is the file the judge read again, or the judge has
+            // read it anew (it is looked at again shortly: the same bytes back tell nothing).
+            if journal.describes(&inbox, &inbox.metadata()?) {
+                unsettled = false;
+                if let cursor::Position::At(at) = position {
+                    printed_to = printed_to.max(at);
+                }
+                let reading = Inbox {
+                    agent,
+                    file: &inbox,
+                };
+                match print_accepted(&reading, &mut journal, printed_to, json, None, &mut out)? {
+                    Printed::ClosedPipe => return Ok(OK),
+                    Printed::Upto(to, count, _) => {
+                        if to > printed_to {
+                            keeper.advance(&bridge, &inbox, (inbox_identity, gen), to, via)?;
+                            printed_to = to;
+                        }
+                        if count > 0 && matches!(until, Until::FirstMessages(_)) {
+                            return Ok(OK);
+                        }
                     }
                 }
+            } else {
+                if !unsettled {
+                    tracing::debug!(agent, "the inbox changed in place since the judge read it: waiting for it to be whole, or read again");
+                }
+                unsettled = true;
+                drop(turn);
             }
         }
         let deadline = match until {
             Until::Stopped => None,
             Until::FirstMessages(deadline) => Some(deadline),
         };
+        let look_again = unsettled.then(|| std::time::Instant::now() + UNSETTLED_LOOK);
         let gen = journal.journal.gen;
-        match source.next(&bridge, deadline)? {
+        match source.next(&bridge, earliest(deadline, look_again))? {
             Change::Appended(appended) => {
                 for appended in &appended {
                     follower.take(appended, &mut journal)?;
                 }
             }
             Change::Files => follower.follow(&mut journal)?,
+            Change::TimedOut
+                if deadline.is_none_or(|deadline| std::time::Instant::now() < deadline) =>
+            {
+                follower.follow(&mut journal)?;
+            }
             Change::TimedOut => {
                 eprintln!("doorbell: nothing arrived for {agent} before the timeout");
                 return Ok(crate::wait::TIMED_OUT);
@@ -134,6 +156,20 @@ pub fn follow(
             printed_to = 0;
         }
         follow_file(&path, &journal, &mut inbox, &mut inbox_identity)?;
+    }
+}
+
+/// How soon a follower looks again at an inbox changed in place under the judge: written
+/// back with the bytes the judge read, it tells nothing new.
+const UNSETTLED_LOOK: std::time::Duration = std::time::Duration::from_millis(50);
+
+fn earliest(
+    a: Option<std::time::Instant>,
+    b: Option<std::time::Instant>,
+) -> Option<std::time::Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 

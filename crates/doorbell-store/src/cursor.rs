@@ -486,6 +486,15 @@ impl Keeper {
     pub fn load(&mut self, inbox: &File, identity: (u64, u64), gen: u32) -> Result<Position> {
         if let Some((held, position)) = self.known.as_ref().and_then(|k| k.of(identity, gen)) {
             if stamp_at(&self.cursor)? == Some(held.stamp) {
+                if let Position::At(_) = position {
+                    return Ok(position);
+                }
+                // A cursor that did not match the inbox is matched again: the inbox may have
+                // been half rewritten in place (a restore with `cp`) when it was looked at.
+                let position = validate(held.cursor, inbox)?;
+                if let Some(known) = &mut self.known {
+                    known.position = position;
+                }
                 return Ok(position);
             }
         }

@@ -705,8 +705,9 @@ impl InboxView {
     }
 
     /// Each accepted line of `file` (this inbox's file) from `from` on, with its offset, in
-    /// order; `each`'s first error stops the reading. Returns where judging stopped: how far
-    /// a cursor may move once every line was shown.
+    /// order; `each`'s first error stops the reading. Returns how far a cursor may move once
+    /// every line was shown: where judging stopped, or the end of the last whole line of a
+    /// file that is shorter now (cut in place, half written again).
     pub fn accepted_lines<E: From<std::io::Error>>(
         &mut self,
         file: &File,
@@ -740,8 +741,8 @@ impl InboxView {
             _ => Ok(()),
         });
         self.reader = Some(reader);
-        read?;
-        Ok(self.journal.judged_to.max(from))
+        // The read may go on past where judging stopped (a buffer's worth): never the cursor.
+        Ok(read?.min(self.journal.judged_to.max(from)))
     }
 
     /// [`Self::accepted_lines`], each with its envelope. A line accepted when it was judged
