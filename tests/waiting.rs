@@ -409,3 +409,111 @@ fn a_wait_on_a_broadcast_judged_in_two_sweeps_waits_for_every_request() {
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(stdout.lines().count(), 2, "{stdout}");
 }
+
+/// A response to `request` from `from` to `to` in state `state`, written by hand.
+fn response(id: &str, from: &str, to: &str, request: &str, state: &str) -> String {
+    let extra = format!(r#","correlatesTo":"{request}","contextId":"{request}","state":"{state}""#);
+    format!("{}\n", crate::util::line(id, from, to, "response", &extra))
+}
+
+fn request(id: &str, from: &str, to: &str) -> String {
+    format!("{}\n", crate::util::line(id, from, to, "request", ""))
+}
+
+/// Lines judged in one catch-up share their `seenAt`. The thread still lists them as they
+/// were accepted, and `wait` shows the answer that ended the request (before: ties went by
+/// id, so answers whose ids sort first came before their request, and `wait` showed the
+/// `working` answer as the one that completed it).
+#[test]
+fn a_thread_judged_in_one_pass_is_in_the_order_it_was_accepted() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let asked = "01ZZTIEDREQUEST";
+    bridge.append_raw("web", request(asked, "design", "web").as_bytes());
+    bridge.append_raw(
+        "design",
+        response("01AATIEDWORKING", "web", "design", asked, "working").as_bytes(),
+    );
+    bridge.append_raw(
+        "design",
+        response("01AATIEDDONE", "web", "design", asked, "completed").as_bytes(),
+    );
+    let thread: Vec<String> = bridge
+        .doorbell(&["thread", asked, "--json"])
+        .ok()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|m| m.get("trace").is_none())
+        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(thread, [asked, "01AATIEDWORKING", "01AATIEDDONE"]);
+    let waited: serde_json::Value =
+        serde_json::from_str(bridge.doorbell(&["wait", asked, "--json"]).ok()).unwrap();
+    assert_eq!(waited["state"], "completed");
+    assert_eq!(waited["response"]["id"], "01AATIEDDONE", "{waited}");
+}
+
+/// `wait --any` on requests answered before it began says the one answered first, whatever
+/// the ids (before: the lowest id among the answered, and its exit code).
+#[test]
+fn wait_any_says_the_request_answered_first_not_the_first_by_id() {
+    let bridge = Bridge::with_agents(&["web", "design", "ops"]);
+    let (low, high) = ("01BBASKEDFIRST", "01CCASKEDSECOND");
+    bridge.append_raw("web", request(low, "design", "web").as_bytes());
+    bridge.append_raw("ops", request(high, "design", "ops").as_bytes());
+    // ops answers first, in design's inbox; web after it.
+    bridge.append_raw(
+        "design",
+        response("01DDOPSFAILED", "ops", "design", high, "failed").as_bytes(),
+    );
+    bridge.append_raw(
+        "design",
+        response("01EEWEBDONE", "web", "design", low, "completed").as_bytes(),
+    );
+    let run = bridge.doorbell(&["wait", low, high, "--any", "--timeout", "10s"]);
+    assert_eq!(run.code, 4, "ops's failure came first: {run:?}");
+    assert!(
+        run.stdout.starts_with(&format!("{high}: failed")),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains(low), "{}", run.stdout);
+}
+
+/// The requester's own input after `input-required` hands the turn back: `wait --any` waits
+/// for the addressee again, and shows the addressee's answer, never the requester's input
+/// (before: it returned at once, showing the requester's own message as the answer).
+#[test]
+fn wait_any_after_the_requesters_input_waits_for_the_addressee() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let asked = "01FFASKEDFORINPUT";
+    bridge.append_raw("web", request(asked, "design", "web").as_bytes());
+    bridge.append_raw(
+        "design",
+        response("01FGWHICHCOLOUR", "web", "design", asked, "input-required").as_bytes(),
+    );
+    let before: serde_json::Value = serde_json::from_str(
+        bridge
+            .doorbell(&["wait", asked, "--any", "--json", "--timeout", "10s"])
+            .ok(),
+    )
+    .unwrap();
+    assert_eq!(before["response"]["id"], "01FGWHICHCOLOUR", "{before}");
+    bridge.append_raw(
+        "web",
+        response("01FHBLUEPLEASE", "design", "web", asked, "working").as_bytes(),
+    );
+    let run = bridge.doorbell(&["wait", asked, "--any", "--json", "--timeout", "1s"]);
+    assert_eq!(run.code, 124, "the turn is web's again: {run:?}");
+    bridge.append_raw(
+        "design",
+        response("01FIDONEINBLUE", "web", "design", asked, "completed").as_bytes(),
+    );
+    let after: serde_json::Value = serde_json::from_str(
+        bridge
+            .doorbell(&["wait", asked, "--any", "--json", "--timeout", "10s"])
+            .ok(),
+    )
+    .unwrap();
+    assert_eq!(after["state"], "completed");
+    assert_eq!(after["response"]["id"], "01FIDONEINBLUE", "{after}");
+}

@@ -286,8 +286,9 @@ pub struct WaitArgs {
     /// Give up after this long (exit 124)
     #[arg(long, default_value = "60s", value_name = "DURATION")]
     pub timeout: String,
-    /// Return at the first answer: any response counts, and of several requests the first
-    /// answered ends the wait
+    /// Return at the first answer: any response from the addressee counts (the requester's
+    /// own input, after input-required, hands the turn back), and of several requests the one
+    /// answered first ends the wait
     #[arg(long)]
     pub any: bool,
     /// One JSON document a line, one line for each request answered (`id`, `state`,

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use doorbell_core::duration::parse_duration;
 use doorbell_core::State;
+use doorbell_store::index::MessageRow;
 use serde_json::value::RawValue;
 
 use crate::args::WaitArgs;
@@ -22,38 +23,59 @@ pub const ENDED_BADLY: i32 = 4;
 /// How often a wait that can be cancelled asks whether it was.
 const CANCEL_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The last response seen: its id, to print it.
-struct Answer {
-    id: String,
-}
-
-/// What is known of one awaited request: its state and responses so far, and the last
-/// response this wait saw.
+/// What is known of one awaited request, from its thread's accepted lines in the order the
+/// judge accepted them.
 #[derive(Default)]
 struct Awaited {
-    known: Option<(State, u32)>,
-    answer: Option<Answer>,
+    /// Its state (`None`: not judged yet).
+    state: Option<State>,
+    /// Who asked: a response of theirs (their input after `input-required`) answers nothing.
+    requester: Option<String>,
+    /// Whether the last response was someone's other than the requester's.
+    answered: bool,
+    /// The last answer, to print it.
+    answer: Option<String>,
+    /// Where, in the order lines were accepted, the wait for it ended (for `--any`: which
+    /// came first).
+    done_at: Option<u64>,
 }
 
 impl Awaited {
-    /// Take in an accepted line (its id, request and state) for the request `id`.
-    fn saw(&mut self, id: &str, line: &str, correlates_to: Option<&str>, state: Option<State>) {
-        if line == id {
-            self.known.get_or_insert((State::Submitted, 0));
-        } else if correlates_to == Some(id) {
-            if let Some(state) = state {
-                let responses = self.known.map_or(0, |k| k.1) + 1;
-                self.known = Some((state, responses));
-                self.answer = Some(Answer {
-                    id: line.to_owned(),
-                });
+    /// Take in an accepted line of the request `id`'s thread.
+    fn saw(&mut self, id: &str, row: &MessageRow, any: bool) {
+        if row.id == id {
+            self.state.get_or_insert(State::Submitted);
+            self.requester = Some(row.from.clone());
+        } else if row.correlates_to.as_deref() == Some(id) {
+            let Some(state) = row.state else { return };
+            self.state = Some(state);
+            // The requester's input (after `input-required`) hands the turn back: it answers
+            // nothing, and is not the answer shown, unless it ends the request (a cancel).
+            let theirs = self.requester.as_deref() != Some(row.from.as_str());
+            self.answered = theirs;
+            if theirs || state.is_terminal() {
+                self.answer = Some(row.id.clone());
             }
+        } else {
+            return;
         }
+        self.done_at = if self.done(any) {
+            self.done_at.or(Some(row.seq))
+        } else {
+            None
+        };
+    }
+
+    /// Closed, waiting for input, or with `any` answered.
+    fn done(&self, any: bool) -> bool {
+        self.state.is_some_and(|state| {
+            state.is_terminal() || state == State::InputRequired || (any && self.answered)
+        })
     }
 }
 
-/// How a wait ended: the requests answered (each one, or with `any` the first), with their
-/// states and the last response seen, in id order; those still waited for (with `any`, the
+/// How a wait ended: the requests answered (each one, or with `any` the first answered), with
+/// their states and the last response seen, in id order; those still waited for (with `any`, the
 /// others still unanswered); and whether the deadline passed first.
 pub struct Waited {
     pub answered: Vec<(String, State, Option<String>)>,
@@ -154,25 +176,17 @@ pub fn wait_for(
             "no request to wait for: give at least one id",
         ));
     }
-    let done = |known: Option<(State, u32)>| {
-        known.is_some_and(|(state, responses)| {
-            state.is_terminal() || state == State::InputRequired || (any && responses > 0)
-        })
-    };
-    let look = |view: &doorbell_store::View| look(view, ids);
+    let look = |view: &doorbell_store::View| look(view, ids, any);
     // Where the wait stands: what is answered, and what is still waited for.
     let standing = |awaited: &[(String, Awaited)], timed_out: bool| {
         let answered: Vec<(String, State, Option<String>)> = awaited
             .iter()
-            .filter(|(_, a)| done(a.known))
-            .filter_map(|(id, a)| {
-                let (state, _) = a.known?;
-                Some((id.clone(), state, a.answer.as_ref().map(|x| x.id.clone())))
-            })
+            .filter(|(_, a)| a.done(any))
+            .filter_map(|(id, a)| Some((id.clone(), a.state?, a.answer.clone())))
             .collect();
         let waiting = awaited
             .iter()
-            .filter(|(_, a)| !done(a.known))
+            .filter(|(_, a)| !a.done(any))
             .map(|(id, _)| id.clone())
             .collect();
         Waited {
@@ -184,7 +198,13 @@ pub fn wait_for(
     let settled = |awaited: &[(String, Awaited)]| {
         let mut standing = standing(awaited, false);
         if any && !standing.answered.is_empty() {
-            standing.answered.truncate(1);
+            // The one answered first, not the first by id.
+            let first = awaited
+                .iter()
+                .filter(|(_, a)| a.done(any))
+                .min_by_key(|(_, a)| a.done_at)
+                .map(|(id, _)| id);
+            standing.answered.retain(|(id, ..)| Some(id) == first);
             Some(standing)
         } else if standing.waiting.is_empty() {
             Some(standing)
@@ -212,7 +232,7 @@ pub fn wait_for(
         }
         let unknown: Vec<&str> = awaited
             .iter()
-            .filter(|(_, a)| a.known.is_none())
+            .filter(|(_, a)| a.state.is_none())
             .map(|(id, _)| id.as_str())
             .collect();
         if !unknown.is_empty() && Instant::now() > grace && !waiting_for_judge(bridge, &unknown)? {
@@ -244,7 +264,7 @@ pub fn wait_for(
         let mut broadcast = false;
         follower.accepted(&mut |line| {
             for (id, a) in &mut awaited {
-                a.saw(id, &line.id, line.correlates_to.as_deref(), line.state);
+                a.saw(id, line, any);
             }
             broadcast |=
                 is_request_of(ids, &line.id) && !awaited.iter().any(|(id, _)| *id == line.id);
@@ -265,7 +285,11 @@ fn is_request_of(ids: &[String], line: &str) -> bool {
 
 /// What the ledger knows of each awaited request. A broadcast's id stands for its requests;
 /// an id the ledger does not know yet is waited for as itself (it may be judged in a moment).
-fn look(view: &doorbell_store::View, ids: &[String]) -> anyhow::Result<Vec<(String, Awaited)>> {
+fn look(
+    view: &doorbell_store::View,
+    ids: &[String],
+    any: bool,
+) -> anyhow::Result<Vec<(String, Awaited)>> {
     let mut named: Vec<String> = Vec::new();
     for id in ids {
         match view.requests_named(id)? {
@@ -278,21 +302,21 @@ fn look(view: &doorbell_store::View, ids: &[String]) -> anyhow::Result<Vec<(Stri
     named
         .into_iter()
         .map(|id| {
-            let request = view.request(&id);
-            let known = request.as_ref().map(|r| (r.state, r.responses));
-            // Answered before the wait began: the last answer is the ledger's.
-            let answer = match request {
-                Some(r) if r.responses > 0 => view
-                    .thread(&r.context_id)?
-                    .into_iter()
-                    .rev()
-                    .find(|m| {
-                        m.row.correlates_to.as_deref() == Some(id.as_str()) && m.row.state.is_some()
-                    })
-                    .map(|m| Answer { id: m.row.id }),
-                _ => None,
-            };
-            Ok((id, Awaited { known, answer }))
+            let mut awaited = Awaited::default();
+            if let Some(request) = view.request(&id) {
+                // What came before the wait began, taken in as the wait takes what comes.
+                for message in view.thread(&request.context_id)? {
+                    awaited.saw(&id, &message.row, any);
+                }
+                // The ledger's word on its state; and on the rest, should its thread's rows
+                // be gone.
+                awaited.state = Some(request.state);
+                if awaited.requester.is_none() {
+                    awaited.requester = Some(request.requester.clone());
+                    awaited.answered = request.responses > 0;
+                }
+            }
+            Ok((id, awaited))
         })
         .collect()
 }

@@ -31,7 +31,7 @@ pub const INDEX_FILE: &str = "index.db";
 /// Messages sent, by sender and kind.
 pub type Sent = HashMap<(String, Kind), u64>;
 /// Bumped whenever the tables change: an index of another version is rebuilt.
-const VERSION: i64 = 5;
+const VERSION: i64 = 6;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value, sum INTEGER NOT NULL) WITHOUT ROWID;
@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS messages(
     offset INTEGER NOT NULL,
     span INTEGER NOT NULL,
     seen_at INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
     sender TEXT NOT NULL,
     kind INTEGER NOT NULL,
     correlates_to TEXT,
@@ -124,6 +125,9 @@ pub struct MessageRow {
     pub offset: u64,
     pub span: u64,
     pub seen_at: i64,
+    /// Its place in the order lines were accepted: the journal's `seq`-th accepted line,
+    /// from 0. Lines judged in one pass share `seen_at`; this still orders them.
+    pub seq: u64,
     pub from: String,
     pub kind: Kind,
     pub correlates_to: Option<String>,
@@ -184,6 +188,8 @@ pub struct Changes {
     /// The live journal segment, and how much of it the save covers.
     pub segment: u64,
     pub journal_len: u64,
+    /// How many lines the journal it covers accepted: the next accepted line's `seq`.
+    pub accepted: u64,
     pub messages: Vec<MessageRow>,
     pub others: Vec<OtherRow>,
     pub own: Vec<String>,
@@ -216,6 +222,8 @@ impl Changes {
 pub struct OpenState {
     pub segment: u64,
     pub journal_len: u64,
+    /// See [`Changes::accepted`].
+    pub accepted: u64,
     pub inboxes: BTreeMap<String, InboxJournal>,
     pub intents: BTreeMap<String, Intent>,
     pub untold: BTreeMap<String, RefusedLine>,
@@ -363,6 +371,7 @@ fn message_sum(m: &MessageRow) -> RowSum {
         .int(to_sql(m.offset))
         .int(to_sql(m.span))
         .int(m.seen_at)
+        .int(to_sql(m.seq))
         .text(&m.from)
         .int(kind_code(m.kind))
         .maybe(m.correlates_to.as_deref())
@@ -465,7 +474,7 @@ fn kind_of(code: i64) -> Kind {
 }
 
 /// The accepted message with an id.
-const MESSAGE_BY_ID: &str = "SELECT id, inbox, gen, offset, span, seen_at, sender, kind, \
+const MESSAGE_BY_ID: &str = "SELECT id, inbox, gen, offset, span, seen_at, seq, sender, kind, \
      correlates_to, context_id, state, fingerprint, sum FROM messages WHERE id = ?1";
 
 #[must_use]
@@ -689,6 +698,9 @@ impl Index {
                 "segment" => {
                     state.segment = from_sql(row.get(1).map_err(&e)?);
                 }
+                "accepted" => {
+                    state.accepted = from_sql(row.get(1).map_err(&e)?);
+                }
                 _ => {}
             }
         }
@@ -883,13 +895,13 @@ impl Index {
         let e = sql(&self.path);
         let mut statement = conn
             .prepare_cached(
-                "SELECT id, inbox, gen, offset, span, seen_at, sender, kind, correlates_to, \
+                "SELECT id, inbox, gen, offset, span, seen_at, seq, sender, kind, correlates_to, \
                  context_id, state, fingerprint, sum FROM messages WHERE context_id = ?1",
             )
             .map_err(&e)?;
         let rows = statement.query_map([context], message_row).map_err(&e)?;
         let mut out: Vec<MessageRow> = rows.collect::<rusqlite::Result<_>>().map_err(&e)?;
-        out.sort_by_key(|m| m.seen_at);
+        out.sort_by_key(|m| m.seq);
         Ok(out)
     }
 
@@ -1003,18 +1015,19 @@ fn message_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRow> {
         offset: from_sql(row.get(3)?),
         span: from_sql(row.get(4)?),
         seen_at: row.get(5)?,
-        from: row.get(6)?,
-        kind: kind_of(row.get(7)?),
-        correlates_to: row.get(8)?,
-        context_id: row.get(9)?,
+        seq: from_sql(row.get(6)?),
+        from: row.get(7)?,
+        kind: kind_of(row.get(8)?),
+        correlates_to: row.get(9)?,
+        context_id: row.get(10)?,
         state: row
-            .get::<_, Option<String>>(10)?
+            .get::<_, Option<String>>(11)?
             .and_then(|s| State::parse(&s)),
         // Stored as the signed 64-bit integer `SQLite` has; the bits are the fingerprint's.
         #[allow(clippy::cast_sign_loss)]
-        fingerprint: row.get::<_, i64>(11)? as u64,
+        fingerprint: row.get::<_, i64>(12)? as u64,
     };
-    check_sum(12, row.get(12)?, &message_sum(&message))?;
+    check_sum(13, row.get(13)?, &message_sum(&message))?;
     Ok(message)
 }
 
@@ -1273,9 +1286,9 @@ impl IndexWriter {
         {
             let mut insert = tx
                 .prepare_cached(
-                    "INSERT OR REPLACE INTO messages(id, inbox, gen, offset, span, seen_at, sender, \
-                     kind, correlates_to, context_id, state, fingerprint, sum) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                    "INSERT OR REPLACE INTO messages(id, inbox, gen, offset, span, seen_at, seq, \
+                     sender, kind, correlates_to, context_id, state, fingerprint, sum) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
                 )
                 .map_err(&e)?;
             for m in by_key(&changes.messages, |m| &m.id) {
@@ -1290,6 +1303,7 @@ impl IndexWriter {
                         to_sql(m.offset),
                         to_sql(m.span),
                         m.seen_at,
+                        to_sql(m.seq),
                         m.from,
                         kind_code(m.kind),
                         m.correlates_to,
@@ -1418,6 +1432,7 @@ impl IndexWriter {
             };
             int("segment", to_sql(changes.segment)).map_err(&e)?;
             int("journal_len", to_sql(changes.journal_len)).map_err(&e)?;
+            int("accepted", to_sql(changes.accepted)).map_err(&e)?;
         }
         tx.commit().map_err(e)
     }
@@ -1435,6 +1450,7 @@ mod tests {
             offset,
             span: 10,
             seen_at: 0,
+            seq: offset,
             from: "design".into(),
             kind: Kind::Note,
             correlates_to: None,

@@ -372,6 +372,8 @@ pub struct Snapshot {
     /// The live journal segment (see `segments`), and where its last complete record ends.
     pub segment: u64,
     pub journal_len: u64,
+    /// How many lines the journal accepted so far: the next one's `seq` (see `MessageRow`).
+    pub accepted: u64,
     /// What the index's due times were computed with (`Timing::key`).
     pub timing: Option<String>,
     index: Option<Arc<Index>>,
@@ -412,6 +414,7 @@ impl Snapshot {
             told_ahead: open.told_ahead,
             segment: open.segment,
             journal_len: open.journal_len,
+            accepted: open.accepted,
             timing: open.timing,
             index: Some(index),
             ..Snapshot::default()
@@ -573,6 +576,7 @@ impl Snapshot {
             seq: ledger.seq,
             segment: self.segment,
             journal_len: self.journal_len,
+            accepted: self.accepted,
             messages: pending.messages,
             others: pending.others,
             own: pending.own,
@@ -668,7 +672,8 @@ impl Snapshot {
         let seen_at = DateTime::from_timestamp_millis(record.seen_at).unwrap_or_default();
         match record.verdict {
             Word::Accepted => {
-                if let Some(row) = MessageRow::from_record(&record) {
+                if let Some(row) = MessageRow::from_record(&record, self.accepted) {
+                    self.accepted += 1;
                     self.pending.messages.push(row);
                 }
                 if let Some(line) = record.line {

@@ -276,6 +276,7 @@ impl View {
     pub fn updates(&self) -> Updates {
         Updates {
             follower: JournalFollower::new(journal_path(&self.bridge), self.snapshot.journal_len),
+            accepted: self.snapshot.accepted,
         }
     }
 
@@ -791,13 +792,17 @@ impl InboxView {
 #[derive(Debug)]
 pub struct Updates {
     follower: JournalFollower,
+    /// The next accepted line's `seq`.
+    accepted: u64,
 }
 
 impl Updates {
     /// Each line accepted since the last call.
     pub fn accepted(&mut self, each: &mut dyn FnMut(&MessageRow)) -> Result<()> {
+        let accepted = &mut self.accepted;
         self.follower.read(&mut |record| {
-            if let Some(row) = MessageRow::from_record(&record) {
+            if let Some(row) = MessageRow::from_record(&record, *accepted) {
+                *accepted += 1;
                 each(&row);
             }
         })
@@ -823,9 +828,9 @@ impl Updates {
 }
 
 impl MessageRow {
-    /// The index's row for an accepted record.
+    /// The index's row for an accepted record, the journal's `seq`-th accepted line.
     #[must_use]
-    pub fn from_record(record: &Record) -> Option<MessageRow> {
+    pub fn from_record(record: &Record, seq: u64) -> Option<MessageRow> {
         let line = record
             .line
             .as_ref()
@@ -837,6 +842,7 @@ impl MessageRow {
             offset: record.offset,
             span: record.span,
             seen_at: record.seen_at,
+            seq,
             from: line.from.clone(),
             kind: line.kind,
             correlates_to: line.correlates_to.clone(),
