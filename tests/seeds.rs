@@ -490,3 +490,30 @@ fn the_board_follows_the_bridge_and_rests_when_it_does() {
         markdown.stdout
     );
 }
+
+/// `daemon --once` (a bridge judged by a timer or a cron job) writes the board too, naming no
+/// judge running (before: it never did, and the board kept what the last daemon wrote).
+#[test]
+fn daemon_once_writes_the_board() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let config = bridge.tmp.path().join("home/.config/doorbell");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("doorbell.toml"), "board = true\n").unwrap();
+    let board = bridge.dir().join("STATUS.md");
+    std::fs::write(&board, "an old board\n").unwrap();
+    bridge.append_raw(
+        "web",
+        format!(
+            "{}\n",
+            crate::util::line("01ONCEBOARD", "design", "web", "note", "")
+        )
+        .as_bytes(),
+    );
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let text = std::fs::read_to_string(&board).unwrap();
+    assert!(text.contains("| web | 1 | 0 | 0 |"), "{text}");
+    assert!(
+        text.contains("· judge: none running (`daemon --once` judged"),
+        "{text}"
+    );
+}

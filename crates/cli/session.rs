@@ -105,7 +105,14 @@ impl std::io::Write for SafeStderr {
 pub fn daemon_once(session: &Session) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
     let lock = crate::daemon::acquire(&bridge, "doorbell daemon --once")?;
-    let stats = doorbell_store::judge::once(bridge, lock)?;
+    let stats = doorbell_store::judge::once(bridge.clone(), lock)?;
+    // A bridge judged only now and then (a timer, a cron job) keeps its board as current as
+    // its judging.
+    if bridge.config.board {
+        if let Err(error) = doorbell_store::board::write_after_once(&bridge) {
+            tracing::warn!(%error, "could not write the board (STATUS.md)");
+        }
+    }
     eprintln!(
         "judged {}: {} accepted, {} duplicate, {} refused; {} written",
         plural(stats.judged(), "line", "lines"),

@@ -573,6 +573,16 @@ pub fn write_stopped(bridge: &Bridge) -> Result<()> {
     write_judged_by(bridge, Some(&stopped))
 }
 
+/// Write the board after `daemon --once` judged what waited: it names no judge running, and
+/// when this one judged.
+pub fn write_after_once(bridge: &Bridge) -> Result<()> {
+    let once = format!(
+        "none running (`daemon --once` judged {})",
+        Local::now().format("%a %-d %b %H:%M")
+    );
+    write_judged_by(bridge, Some(&once))
+}
+
 fn write_judged_by(bridge: &Bridge, judge: Option<&str>) -> Result<()> {
     let mut view = View::unjudged_as_judge(bridge)?;
     let text = markdown_judged_by(&mut view, Utc::now(), judge)?;
