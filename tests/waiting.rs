@@ -491,12 +491,11 @@ fn wait_any_after_the_requesters_input_waits_for_the_addressee() {
         "design",
         response("01FGWHICHCOLOUR", "web", "design", asked, "input-required").as_bytes(),
     );
-    let before: serde_json::Value = serde_json::from_str(
-        bridge
-            .doorbell(&["wait", asked, "--any", "--json", "--timeout", "10s"])
-            .ok(),
-    )
-    .unwrap();
+    let answered = || -> serde_json::Value {
+        let run = bridge.doorbell(&["wait", asked, "--any", "--json", "--timeout", "10s"]);
+        serde_json::from_str(run.ok()).unwrap()
+    };
+    let before = answered();
     assert_eq!(before["response"]["id"], "01FGWHICHCOLOUR", "{before}");
     bridge.append_raw(
         "web",
@@ -508,12 +507,7 @@ fn wait_any_after_the_requesters_input_waits_for_the_addressee() {
         "design",
         response("01FIDONEINBLUE", "web", "design", asked, "completed").as_bytes(),
     );
-    let after: serde_json::Value = serde_json::from_str(
-        bridge
-            .doorbell(&["wait", asked, "--any", "--json", "--timeout", "10s"])
-            .ok(),
-    )
-    .unwrap();
+    let after = answered();
     assert_eq!(after["state"], "completed");
     assert_eq!(after["response"]["id"], "01FIDONEINBLUE", "{after}");
 }

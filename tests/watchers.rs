@@ -483,6 +483,47 @@ fn inbox_len(bridge: &Bridge) -> u64 {
     std::fs::metadata(bridge.inbox("web")).unwrap().len()
 }
 
+/// A daemon and web's `watch`, which printed `zero`. The watch is stopped while `ids` are
+/// judged (and, with `other_reads`, read by another reader); the judge is stopped and the
+/// inbox cut in place after the first of them; the watch woken to the cut file; the rest
+/// written back in place, the same bytes, and the judge let go (it finds nothing new). What
+/// the watch printed when woken (`None`: it said it waits for the file to be whole).
+fn woken_to_a_cut_inbox(
+    bridge: &Bridge,
+    zero: &str,
+    ids: &[&str],
+    other_reads: bool,
+) -> (Daemon, Logged, Option<String>) {
+    let daemon = Daemon::start(bridge, &[]);
+    let watch = Logged::start(bridge);
+    bridge.append_raw("web", note(zero).as_bytes());
+    assert_eq!(watch.next(), zero);
+    wait_for_first_move(bridge);
+    watch.signal("STOP");
+    let cut_at = inbox_len(bridge) + note(ids[0]).len() as u64;
+    for id in ids {
+        bridge.append_raw("web", note(id).as_bytes());
+    }
+    bridge.wait_for(PATIENCE, "all judged", |b| {
+        b.verdict_count() == ids.len() + 1
+    });
+    if other_reads {
+        let read: Vec<String> = bridge
+            .read_json("web", &[])
+            .iter()
+            .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(read, ids);
+    }
+    daemon.signal("STOP");
+    let cut = cut_in_place(bridge, cut_at);
+    watch.signal("CONT");
+    let first = watch.woken_to_a_changed_file();
+    write_back(bridge, &cut);
+    daemon.signal("CONT");
+    (daemon, watch, first)
+}
+
 /// A `watch` woken while its inbox is cut in place (a restore with `cp` half done), before
 /// the judge has read it so: it shows nothing of the file and moves no cursor until the file
 /// is the one the judge read again, then shows what was accepted there, once (before: it
@@ -490,29 +531,8 @@ fn inbox_len(bridge: &Bridge) -> u64 {
 #[test]
 fn a_watch_woken_while_its_inbox_is_cut_in_place_skips_nothing() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
-    let daemon = Daemon::start(&bridge, &[]);
-    let watch = Logged::start(&bridge);
-    bridge.append_raw("web", note("01CUTZERO").as_bytes());
-    assert_eq!(watch.next(), "01CUTZERO");
-    wait_for_first_move(&bridge);
-
-    // Three more judged while the watch is stopped; then the judge is stopped too, and the
-    // inbox cut in place after the first of them.
-    watch.signal("STOP");
-    let cut_at = inbox_len(&bridge) + note("01CUTONE").len() as u64;
-    for id in ["01CUTONE", "01CUTTWO", "01CUTTHREE"] {
-        bridge.append_raw("web", note(id).as_bytes());
-    }
-    bridge.wait_for(PATIENCE, "four judged", |b| b.verdict_count() == 4);
-    daemon.signal("STOP");
-    let cut = cut_in_place(&bridge, cut_at);
-    watch.signal("CONT");
-    // The watch wakes to the judge's news and finds the file cut: it says so (or, wrongly,
-    // prints what is left).
-    let first = watch.woken_to_a_changed_file();
-    // The rest written back in place: the judge, let go, finds nothing new.
-    write_back(&bridge, &cut);
-    daemon.signal("CONT");
+    let ids = ["01CUTONE", "01CUTTWO", "01CUTTHREE"];
+    let (daemon, watch, first) = woken_to_a_cut_inbox(&bridge, "01CUTZERO", &ids, false);
     bridge.append_raw("web", note("01CUTFOUR").as_bytes());
     assert_eq!(
         watch.until(first.into_iter().collect(), "01CUTFOUR"),
@@ -528,30 +548,8 @@ fn a_watch_woken_while_its_inbox_is_cut_in_place_skips_nothing() {
 #[test]
 fn a_watch_woken_while_its_inbox_is_cut_in_place_repeats_nothing_another_reader_showed() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
-    let daemon = Daemon::start(&bridge, &[]);
-    let watch = Logged::start(&bridge);
-    bridge.append_raw("web", note("01OTHERZERO").as_bytes());
-    assert_eq!(watch.next(), "01OTHERZERO");
-    wait_for_first_move(&bridge);
-
-    watch.signal("STOP");
-    let cut_at = inbox_len(&bridge) + note("01OTHERONE").len() as u64;
-    for id in ["01OTHERONE", "01OTHERTWO"] {
-        bridge.append_raw("web", note(id).as_bytes());
-    }
-    bridge.wait_for(PATIENCE, "three judged", |b| b.verdict_count() == 3);
-    let read: Vec<String> = bridge
-        .read_json("web", &[])
-        .iter()
-        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
-        .collect();
-    assert_eq!(read, ["01OTHERONE", "01OTHERTWO"]);
-    daemon.signal("STOP");
-    let cut = cut_in_place(&bridge, cut_at);
-    watch.signal("CONT");
-    let first = watch.woken_to_a_changed_file();
-    write_back(&bridge, &cut);
-    daemon.signal("CONT");
+    let ids = ["01OTHERONE", "01OTHERTWO"];
+    let (daemon, watch, first) = woken_to_a_cut_inbox(&bridge, "01OTHERZERO", &ids, true);
     bridge.append_raw("web", note("01OTHERTHREE").as_bytes());
     assert_eq!(
         watch.until(first.into_iter().collect(), "01OTHERTHREE"),
