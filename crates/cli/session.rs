@@ -109,7 +109,8 @@ pub fn daemon_once(session: &Session) -> anyhow::Result<i32> {
     // A bridge judged only now and then (a timer, a cron job) keeps its board as current as
     // its judging.
     if bridge.config.board {
-        if let Err(error) = doorbell_store::board::write_after_once(&bridge) {
+        if let Err(error) = doorbell_store::board::write_no_judge(&bridge, "`daemon --once` judged")
+        {
             tracing::warn!(%error, "could not write the board (STATUS.md)");
         }
     }

@@ -527,7 +527,9 @@ fn finish(
     }
     judge.checkpoint()?;
     if judge.bridge().config.board {
-        if let Err(error) = doorbell_store::board::write_stopped(judge.bridge()) {
+        if let Err(error) =
+            doorbell_store::board::write_no_judge(judge.bridge(), "the daemon stopped")
+        {
             tracing::warn!(%error, "could not write the board (STATUS.md)");
         }
     }

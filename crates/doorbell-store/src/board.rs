@@ -563,24 +563,15 @@ pub fn write(bridge: &Bridge) -> Result<()> {
     write_judged_by(bridge, None)
 }
 
-/// Write the board as the daemon stops: it names no judge (the next start, or a command's
-/// catch-up, judges what comes meanwhile).
-pub fn write_stopped(bridge: &Bridge) -> Result<()> {
-    let stopped = format!(
-        "none running (the daemon stopped {})",
+/// The board after the last judge let go: as the daemon stops (`what`: "the daemon
+/// stopped"), or after `daemon --once` ("`daemon --once` judged"). It names no judge, and
+/// when that was: the next start, or a command's catch-up, judges what comes meanwhile.
+pub fn write_no_judge(bridge: &Bridge, what: &str) -> Result<()> {
+    let none = format!(
+        "none running ({what} {})",
         Local::now().format("%a %-d %b %H:%M")
     );
-    write_judged_by(bridge, Some(&stopped))
-}
-
-/// Write the board after `daemon --once` judged what waited: it names no judge running, and
-/// when this one judged.
-pub fn write_after_once(bridge: &Bridge) -> Result<()> {
-    let once = format!(
-        "none running (`daemon --once` judged {})",
-        Local::now().format("%a %-d %b %H:%M")
-    );
-    write_judged_by(bridge, Some(&once))
+    write_judged_by(bridge, Some(&none))
 }
 
 fn write_judged_by(bridge: &Bridge, judge: Option<&str>) -> Result<()> {
