@@ -30,9 +30,17 @@ fn index_files(index: &Path) -> [std::path::PathBuf; 3] {
 
 /// Open the index for writing, building a new one when it is missing or cannot be used.
 /// Returns the writer and whether the index is new (to be filled from the whole journal).
+/// A new one is filled without the readers' lookups, made after the first catch-up
+/// ([`IndexWriter::finish`]); one whose first catch-up was cut short gets them now.
 pub fn open_index(index: &Path) -> Result<(IndexWriter, bool)> {
     let existed = index.exists();
-    Ok((IndexWriter::open(index)?, !existed))
+    let mut writer = IndexWriter::open(index)?;
+    if existed {
+        writer.finish()?;
+    } else {
+        writer.defer_lookups();
+    }
+    Ok((writer, !existed))
 }
 
 /// Remove the index's files, so that a new one is built.

@@ -291,6 +291,12 @@ impl Judge {
         }
         let before = self.journal.len();
         let mut stats = self.sweep_all(now)?;
+        if self.index.lookups_deferred() {
+            // Everything judged goes into the new index before its lookups are made, and
+            // they are there before anything asks them (the requests due, first of all).
+            self.checkpoint()?;
+            self.index.finish()?;
+        }
         let mut targets = self.emit(now, &mut stats)?;
         // Reading the notices back can find a refusal to tell in turn: a notice ends the
         // fragment a dying writer left in its inbox, and a fragment that names its sender is

@@ -1,0 +1,88 @@
+//! The index's lookups for readers (threads, history, due and closed requests): a new index
+//! is filled without them and gets them once its first catch-up has judged every inbox; one
+//! whose first catch-up was cut short gets them when the judge next opens it.
+
+use chrono::Utc;
+use doorbell_store::append::append_line;
+use doorbell_store::index::index_path;
+use doorbell_store::{Bridge, BridgeLock, Config, Judge, View};
+
+/// What the readers look things up by, besides the primary keys.
+const LOOKUPS: [&str; 8] = [
+    "messages_by_thread",
+    "messages_by_time",
+    "others_by_id",
+    "others_by_time",
+    "requests_closed",
+    "requests_open",
+    "requests_open_from",
+    "requests_open_to",
+];
+
+fn line(id: &str, kind: &str, extra: &str) -> String {
+    format!(
+        r#"{{"id":"{id}","from":"design","to":"web","kind":"{kind}"{extra},"createdAt":"2026-11-29T10:00:00Z","message":{{"role":"agent","parts":[{{"type":"text","text":"hi"}}]}}}}"#
+    )
+}
+
+fn bridge() -> (tempfile::TempDir, Bridge) {
+    let dir = tempfile::tempdir().unwrap();
+    let bridge = Bridge::create(dir.path(), Config::default()).unwrap();
+    for agent in ["web", "design"] {
+        bridge.add_agent(agent).unwrap();
+    }
+    let inbox = bridge.inbox_path("web").unwrap();
+    append_line(&inbox, line("01ASK", "request", "").as_bytes()).unwrap();
+    append_line(&inbox, line("01NOTE", "note", "").as_bytes()).unwrap();
+    (dir, bridge)
+}
+
+fn judge(bridge: &Bridge) -> Judge {
+    let lock = BridgeLock::acquire(bridge, "test").unwrap();
+    Judge::open(bridge.clone(), lock).unwrap()
+}
+
+/// The lookups the index has now, by name.
+fn lookups(bridge: &Bridge) -> Vec<String> {
+    let conn = rusqlite::Connection::open(index_path(&bridge.state_dir().unwrap())).unwrap();
+    let mut names = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND name NOT LIKE 'sqlite_%' AND name != 'others_by_place' ORDER BY name")
+        .unwrap();
+    names
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap()
+}
+
+#[test]
+fn a_new_index_gets_its_lookups_once_its_first_catch_up_judged_every_inbox() {
+    let (_dir, bridge) = bridge();
+    let mut judge = judge(&bridge);
+    assert_eq!(
+        lookups(&bridge),
+        Vec::<String>::new(),
+        "filled without them"
+    );
+    let caught_up = judge.catch_up(Utc::now()).unwrap();
+    assert_eq!(caught_up.accepted, 2);
+    assert_eq!(lookups(&bridge), LOOKUPS);
+    drop(judge);
+    // What the catch-up judged is in the index, found through them.
+    let view = View::unjudged(&bridge).unwrap();
+    assert!(view.request("01ASK").is_some_and(|r| r.is_open()));
+    assert_eq!(view.thread("01ASK").unwrap().len(), 1);
+}
+
+#[test]
+fn an_index_whose_first_catch_up_was_cut_short_gets_its_lookups_at_the_next_open() {
+    let (_dir, bridge) = bridge();
+    // The judge that made the index stops before its catch-up ends (killed, or interrupted).
+    drop(judge(&bridge));
+    assert_eq!(lookups(&bridge), Vec::<String>::new());
+    // A reader meanwhile gets its answers all the same.
+    assert!(View::unjudged(&bridge).unwrap().request("01ASK").is_none());
+    let judge = judge(&bridge);
+    assert_eq!(lookups(&bridge), LOOKUPS, "made before anything is judged");
+    drop(judge);
+}
