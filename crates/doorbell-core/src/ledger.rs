@@ -11,6 +11,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use foldhash::fast::RandomState;
 
@@ -301,7 +302,9 @@ struct Claim {
 
 #[derive(Debug, Clone)]
 struct Entry {
-    request: Box<Request>,
+    /// Shared with the change sets that hold it until they are saved: a change made
+    /// meanwhile copies it first (`Arc::make_mut`), so a set never changes under its save.
+    request: Arc<Request>,
     /// The change set it was last changed in; 0 when it is as the archive has it.
     touched: u64,
 }
@@ -310,7 +313,7 @@ struct Entry {
 #[derive(Debug, Default)]
 pub struct Changes {
     pub seq: u64,
-    pub requests: Vec<Request>,
+    pub requests: Vec<Arc<Request>>,
 }
 
 /// Every accepted id and every request, fed in journal order: the working set in memory,
@@ -360,13 +363,13 @@ impl Ledger {
     }
 
     /// Request `id` in memory, to be changed: fetched from the archive when it is not there.
-    fn request_mut(&mut self, id: &str) -> Option<&mut Entry> {
+    fn request_mut(&mut self, id: &str) -> Option<&mut Request> {
         if !self.requests.contains_key(id) {
             let request = self.archive.as_ref()?.request(id)?;
             self.requests.insert(
                 id.into(),
                 Entry {
-                    request: Box::new(request),
+                    request: Arc::new(request),
                     touched: 0,
                 },
             );
@@ -374,7 +377,7 @@ impl Ledger {
         let seq = self.seq;
         let entry = self.requests.get_mut(id)?;
         entry.touched = seq;
-        Some(entry)
+        Some(Arc::make_mut(&mut entry.request))
     }
 
     /// The registry and ledger rules for an envelope that passed the stateless ones, from
@@ -435,7 +438,7 @@ impl Ledger {
         );
         match line.kind {
             Kind::Request => {
-                let request = Box::new(Request {
+                let request = Arc::new(Request {
                     id: line.id,
                     requester: line.from,
                     addressee: line.to,
@@ -470,7 +473,7 @@ impl Ledger {
                 let (Some(id), Some(state)) = (&line.correlates_to, line.state) else {
                     return;
                 };
-                if let Some(Entry { request, .. }) = self.request_mut(id) {
+                if let Some(request) = self.request_mut(id) {
                     request.state = state;
                     request.state_since = seen_at;
                     request.epoch += 1;
@@ -500,7 +503,7 @@ impl Ledger {
         let Some(request_id) = line.correlates_to.as_deref() else {
             return;
         };
-        let Some(Entry { request, .. }) = self.request_mut(request_id) else {
+        let Some(request) = self.request_mut(request_id) else {
             return;
         };
         if request.rings > 0 && crate::debts::ring_id(request, request.rings) == line.id {
@@ -511,7 +514,7 @@ impl Ledger {
     /// Record that the doorbell loop wrote `due` for `request` in `epoch` at `at`. A record
     /// for an older epoch (the state moved on meanwhile) changes nothing.
     pub fn rang(&mut self, request: &str, epoch: u32, due: crate::debts::Due, at: DateTime<Utc>) {
-        let Some(Entry { request, .. }) = self.request_mut(request) else {
+        let Some(request) = self.request_mut(request) else {
             return;
         };
         if request.epoch != epoch {
@@ -531,7 +534,7 @@ impl Ledger {
 
     /// Record where request `id`'s line is in its addressee's inbox.
     pub fn locate(&mut self, id: &str, gen: u32, offset: u64) {
-        if let Some(Entry { request, .. }) = self.request_mut(id) {
+        if let Some(request) = self.request_mut(id) {
             request.location = Some((gen, offset));
         }
     }
@@ -582,7 +585,7 @@ impl Ledger {
                 self.requests.insert(
                     request.id.as_str().into(),
                     Entry {
-                        request: Box::new(request),
+                        request: Arc::new(request),
                         touched: 0,
                     },
                 );
@@ -612,7 +615,7 @@ impl Ledger {
                 .requests
                 .values()
                 .filter(|entry| entry.touched == seq)
-                .map(|entry| (*entry.request).clone())
+                .map(|entry| Arc::clone(&entry.request))
                 .collect(),
         }
     }

@@ -1034,3 +1034,22 @@ fn a_ledger_over_its_archive_judges_as_the_whole_one() {
     );
     assert!(bridge.ledger.take_changes().requests.is_empty());
 }
+
+/// A change set is what the requests were when it was taken: it is saved on another thread
+/// while judging goes on, and a response judged meanwhile changes the next set, not it.
+#[test]
+fn a_change_set_keeps_what_it_was_given_while_the_ledger_moves_on() {
+    let mut bridge = asked();
+    let changes = bridge.ledger.take_changes();
+    let taken: Vec<(&str, &str)> = changes
+        .requests
+        .iter()
+        .map(|r| (r.id.as_str(), r.state.as_str()))
+        .collect();
+    assert_eq!(taken, [("r1", "submitted")]);
+    bridge.ok(&response("a1", "web", "design", "r1", "completed"));
+    assert_eq!(changes.requests[0].state.as_str(), "submitted");
+    assert_eq!(changes.requests[0].responses, 0);
+    let next = bridge.ledger.take_changes();
+    assert_eq!(next.requests[0].state.as_str(), "completed");
+}

@@ -120,14 +120,14 @@ impl Saver {
     }
 
     /// Whether a save is still in flight; when one finished, its result (the change set
-    /// saved, or why it failed).
-    pub fn poll(&mut self) -> Option<Result<u64>> {
+    /// saved, or why it failed) and the checkpoint, handed back to be freed or reused.
+    pub fn poll(&mut self) -> Option<(Result<u64>, PendingCheckpoint)> {
         if !self.in_flight {
             return None;
         }
-        let (result, _saved) = self.saved.try_recv().ok()?;
+        let saved = self.saved.try_recv().ok()?;
         self.in_flight = false;
-        Some(result)
+        Some(saved)
     }
 
     #[must_use]
@@ -141,10 +141,10 @@ impl Saver {
     }
 
     /// Wait for the save in flight, if any.
-    pub fn settle(&mut self) -> Option<Result<u64>> {
+    pub fn settle(&mut self) -> Option<(Result<u64>, PendingCheckpoint)> {
         if !std::mem::take(&mut self.in_flight) {
             return None;
         }
-        self.saved.recv().ok().map(|(result, _saved)| result)
+        self.saved.recv().ok()
     }
 }

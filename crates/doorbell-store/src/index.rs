@@ -144,6 +144,27 @@ pub struct MessageRow {
     pub fingerprint: u64,
 }
 
+/// A row to be filled ([`MessageRow::fill_from`]).
+impl Default for MessageRow {
+    fn default() -> MessageRow {
+        MessageRow {
+            id: String::new(),
+            inbox: String::new(),
+            gen: 0,
+            offset: 0,
+            span: 0,
+            seen_at: 0,
+            seq: 0,
+            from: String::new(),
+            kind: Kind::Note,
+            correlates_to: None,
+            context_id: String::new(),
+            state: None,
+            fingerprint: 0,
+        }
+    }
+}
+
 /// A refused or duplicate line, as the index keeps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OtherRow {
@@ -201,7 +222,7 @@ pub struct Changes {
     pub messages: Vec<MessageRow>,
     pub others: Vec<OtherRow>,
     pub own: Vec<String>,
-    pub requests: Vec<Request>,
+    pub requests: Vec<std::sync::Arc<Request>>,
     pub inboxes: Vec<(String, InboxJournal)>,
     /// The whole (small) open state, when it changed since the last save.
     pub intents: Option<BTreeMap<String, Intent>>,
@@ -1381,7 +1402,7 @@ impl IndexWriter {
                 )
                 .map_err(&e)?;
             for r in by_key(&changes.requests, |r| &r.id) {
-                let data = serde_json::to_string(r).expect("a request always serialises");
+                let data = serde_json::to_string(&**r).expect("a request always serialises");
                 let columns = RequestColumns {
                     id: &r.id,
                     open: r.is_open(),

@@ -831,25 +831,35 @@ impl MessageRow {
     /// The index's row for an accepted record, the journal's `seq`-th accepted line.
     #[must_use]
     pub fn from_record(record: &Record, seq: u64) -> Option<MessageRow> {
-        let line = record
+        let mut row = MessageRow::default();
+        row.fill_from(record, seq).then_some(row)
+    }
+
+    /// Make this row `record`'s, the `seq`th accepted line, in the strings it has (no
+    /// allocation when they are long enough). False, and the row unchanged, when the record
+    /// is no accepted line.
+    pub fn fill_from(&mut self, record: &Record, seq: u64) -> bool {
+        let Some(line) = record
             .line
             .as_ref()
-            .filter(|_| record.verdict == Word::Accepted)?;
-        Some(MessageRow {
-            id: line.id.clone(),
-            inbox: record.inbox.clone(),
-            gen: record.gen,
-            offset: record.offset,
-            span: record.span,
-            seen_at: record.seen_at,
-            seq,
-            from: line.from.clone(),
-            kind: line.kind,
-            correlates_to: line.correlates_to.clone(),
-            context_id: line.context_id.clone(),
-            state: line.state,
-            fingerprint: line.fingerprint,
-        })
+            .filter(|_| record.verdict == Word::Accepted)
+        else {
+            return false;
+        };
+        self.id.clone_from(&line.id);
+        self.inbox.clone_from(&record.inbox);
+        self.gen = record.gen;
+        self.offset = record.offset;
+        self.span = record.span;
+        self.seen_at = record.seen_at;
+        self.seq = seq;
+        self.from.clone_from(&line.from);
+        self.kind = line.kind;
+        self.correlates_to.clone_from(&line.correlates_to);
+        self.context_id.clone_from(&line.context_id);
+        self.state = line.state;
+        self.fingerprint = line.fingerprint;
+        true
     }
 
     #[must_use]

@@ -57,7 +57,8 @@ impl Judge {
             self.checkpoint()?;
             return Ok(true);
         };
-        if let Some(result) = saver.poll() {
+        if let Some((result, saved)) = saver.poll() {
+            self.snapshot.recycle(saved.changes.messages);
             self.snapshot.saved(result?);
         }
         if self
@@ -76,11 +77,12 @@ impl Judge {
 
     /// Wait for the checkpoint the saving thread has in flight, if any.
     pub fn settle(&mut self) -> Result<()> {
-        if let Some(result) = self
+        if let Some((result, saved)) = self
             .saver
             .as_mut()
             .and_then(crate::checkpoint::Saver::settle)
         {
+            self.snapshot.recycle(saved.changes.messages);
             self.snapshot.saved(result?);
         }
         Ok(())
@@ -92,6 +94,7 @@ impl Judge {
         self.settle()?;
         let pending = self.prepare_checkpoint()?;
         let seq = pending.save(&mut self.index)?;
+        self.snapshot.recycle(pending.changes.messages);
         self.saved(seq);
         Ok(())
     }
