@@ -1125,9 +1125,10 @@ fn a_million_tiny_lines_each_get_one_verdict_in_bounded_memory() {
     // refused); a set of every refusal's key, as the refused log once kept, costs 100 bytes
     // or more each. Measured: 11 bytes a line for 250,000 lines, 37 for a million (the
     // containers' growth steps show at that size); the bound sits between them and 100.
-    // Each figure is the lower of two runs: a saving thread that falls behind holds up to two
-    // batches more (about 14 MB), for a moment, in whichever run it happens to; that is a
-    // bound, not a cost per line, and a busy machine must not read it as one.
+    // Each figure is the lower of two runs: a save still in flight holds a batch more (the
+    // judge waits for it rather than hold a third), for a moment, in whichever run it
+    // happens to; that is a bound, not a cost per line, and a busy machine must not read it
+    // as one.
     let base = tiny_lines_each_get_one_verdict(tiny / 5, false)
         .min(tiny_lines_each_get_one_verdict(tiny / 5, false));
     let peak = tiny_lines_each_get_one_verdict(tiny, false)

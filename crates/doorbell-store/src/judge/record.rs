@@ -266,10 +266,9 @@ impl Judge {
         if unsaved >= crate::journal::REPLAY_BATCH {
             if self.saver.is_none() {
                 self.checkpoint()?;
-            } else if !self.checkpoint_in_background()?
-                && unsaved >= 2 * crate::journal::REPLAY_BATCH
-            {
-                // The saving thread is behind: wait for it rather than hold more.
+            } else if !self.checkpoint_in_background()? {
+                // The saving thread is behind: wait for it rather than hold more. Memory
+                // then holds two batches at most, whichever thread is the faster.
                 self.settle()?;
                 self.checkpoint_in_background()?;
             }
