@@ -574,10 +574,9 @@ impl Snapshot {
     /// what lookups need until [`Snapshot::saved`] says the index has it.
     pub fn take_changes(&mut self, timing: &Timing) -> Changes {
         let ledger = self.ledger.take_changes();
-        let mut pending = std::mem::take(&mut self.pending);
+        let pending = std::mem::take(&mut self.pending);
         // The next set is about as large as this one.
         self.pending.messages = Vec::with_capacity(pending.messages.len());
-        pending.messages.shrink_to_fit();
         Changes {
             seq: ledger.seq,
             segment: self.segment,
