@@ -28,6 +28,22 @@ pub struct JsonMessage<'a> {
     pub envelope: &'a RawValue,
 }
 
+/// One accepted line as `--json` prints it ([`JsonMessage`], newline-ended): the line was
+/// read as an envelope just before, so it goes in as written, trimmed of the whitespace a
+/// `RawValue` leaves out, without being parsed a second time.
+pub fn json_line(agent: &str, offset: u64, line: &[u8]) -> Result<String, std::str::Utf8Error> {
+    let envelope = std::str::from_utf8(line.trim_ascii())?;
+    let mut text = String::with_capacity(envelope.len() + agent.len() + 64);
+    text.push_str("{\"inbox\":");
+    text.push_str(&serde_json::to_string(agent).expect("a string always serialises"));
+    text.push_str(",\"offset\":");
+    text.push_str(&offset.to_string());
+    text.push_str(",\"verdict\":\"accepted\",\"envelope\":");
+    text.push_str(envelope);
+    text.push_str("}\n");
+    Ok(text)
+}
+
 /// How printing ended.
 pub enum Printed {
     /// Everything accepted up to this offset was written and flushed: this many messages,
@@ -79,23 +95,12 @@ pub fn print_accepted(
                 return Ok(());
             }
             let text = if json {
-                let raw: &RawValue =
-                    serde_json::from_slice(bytes.strip_suffix(b"\r").unwrap_or(bytes))
-                        .map_err(|e| Stop::Failed(e.into()))?;
-                let record = JsonMessage {
-                    inbox: agent,
-                    offset,
-                    verdict: "accepted",
-                    envelope: raw,
-                };
-                let mut text =
-                    serde_json::to_string(&record).expect("a message record always serialises");
-                text.push('\n');
-                text
+                json_line(agent, offset, bytes).map_err(|e| Stop::Failed(e.into()))?
             } else {
                 format!("{}\n", output::message(&envelope, now))
             };
-            let chars = text.chars().count();
+            // Counted only where room is kept (a hook's output): `watch` prints every line.
+            let chars = room.map_or(0, |_| text.chars().count());
             if count > 0 && room.is_some_and(|room| used + chars > room) {
                 full = Some(offset);
                 left = 1;
@@ -196,6 +201,46 @@ pub fn warn_replaced(agent: &str, position: Position) {
     if let Position::Replaced { stale_offset } = position {
         eprintln!(
             "doorbell: {agent}'s inbox was replaced or truncated since the cursor was saved (at byte {stale_offset}); reading it from the start"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `--json` printed before lines went in unparsed: the record serialised with the
+    /// line as a `RawValue`.
+    fn through_raw_value(agent: &str, offset: u64, line: &[u8]) -> String {
+        let raw: &RawValue =
+            serde_json::from_slice(line.strip_suffix(b"\r").unwrap_or(line)).unwrap();
+        let record = JsonMessage {
+            inbox: agent,
+            offset,
+            verdict: "accepted",
+            envelope: raw,
+        };
+        serde_json::to_string(&record).unwrap() + "\n"
+    }
+
+    #[test]
+    fn a_json_line_is_the_record_a_raw_value_made() {
+        let lines: [&[u8]; 5] = [
+            br#"{"id":"01A","from":"design","to":"web","kind":"note","message":{"role":"agent","parts":[{"type":"text","text":"hi"}]}}"#,
+            b"{\"id\":\"01B\",\"text\":\"caf\xc3\xa9 \\u00e9 \\\" \\n \xf0\x9f\x94\x94\"}\r",
+            b"  \t{\"id\":\"01C\"}  ",
+            b"{ \"id\" : \"01D\" , \"n\" : [ 1 , 2 ] }",
+            b"{\"id\":\"01E\"}\t\r",
+        ];
+        for line in lines {
+            let text = json_line("web-2", 1234, line).unwrap();
+            assert_eq!(text, through_raw_value("web-2", 1234, line), "{line:?}");
+            let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(parsed["inbox"], "web-2");
+        }
+        assert!(
+            json_line("web", 0, b"{\"id\":\"\xff\"}").is_err(),
+            "not UTF-8"
         );
     }
 }
