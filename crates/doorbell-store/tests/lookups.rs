@@ -86,3 +86,24 @@ fn an_index_whose_first_catch_up_was_cut_short_gets_its_lookups_at_the_next_open
     assert_eq!(lookups(&bridge), LOOKUPS, "made before anything is judged");
     drop(judge);
 }
+
+#[test]
+fn an_index_rebuilt_under_a_running_judge_gets_its_lookups_at_once() {
+    let (_dir, bridge) = bridge();
+    let mut judge = judge(&bridge);
+    judge.save_in_background();
+    judge.catch_up(Utc::now()).unwrap();
+    assert_eq!(lookups(&bridge), LOOKUPS);
+    // What the judge does when the index fails a lookup: its files go, and the daemon's
+    // retry reloads from the journal, then only sweeps (no catch-up comes again).
+    doorbell_store::checkpoint::discard(&index_path(&bridge.state_dir().unwrap())).unwrap();
+    judge.reload().unwrap();
+    assert_eq!(lookups(&bridge), LOOKUPS);
+    judge.sweep_all(Utc::now()).unwrap();
+    judge.checkpoint().unwrap();
+    drop(judge);
+    assert!(View::unjudged(&bridge)
+        .unwrap()
+        .request("01ASK")
+        .is_some_and(|r| r.is_open()));
+}

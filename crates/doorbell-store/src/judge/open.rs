@@ -387,6 +387,11 @@ impl Judge {
         }
         self.refused_log = loaded.refused_log;
         self.index = loaded.index;
+        if self.index.lookups_deferred() {
+            // Rebuilt here from the journal (the index was lost or damaged), and saved whole:
+            // a long-running judge has no first catch-up left to make the lookups after.
+            self.index.finish()?;
+        }
         // The open files stay: an old one not yet drained is compared with the reloaded
         // journal and drained from where it says.
         self.holds = 0;
