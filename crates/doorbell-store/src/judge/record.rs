@@ -58,8 +58,7 @@ impl Judge {
             return Ok(true);
         };
         if let Some((result, saved)) = saver.poll() {
-            self.snapshot.recycle(saved.changes.messages);
-            self.snapshot.saved(result?);
+            self.taken_back(result, saved)?;
         }
         if self
             .saver
@@ -82,8 +81,7 @@ impl Judge {
             .as_mut()
             .and_then(crate::checkpoint::Saver::settle)
         {
-            self.snapshot.recycle(saved.changes.messages);
-            self.snapshot.saved(result?);
+            self.taken_back(result, saved)?;
         }
         Ok(())
     }
@@ -93,10 +91,8 @@ impl Judge {
         // Saves happen in order: an older change set never lands after a newer one.
         self.settle()?;
         let pending = self.prepare_checkpoint()?;
-        let seq = pending.save(&mut self.index)?;
-        self.snapshot.recycle(pending.changes.messages);
-        self.saved(seq);
-        Ok(())
+        let result = pending.save(&mut self.index);
+        self.taken_back(result, pending)
     }
 
     /// Save a checkpoint when anything was journaled since the last one: a command that
@@ -136,6 +132,14 @@ impl Judge {
     /// The index holds change set `seq`: memory lets go of what it holds.
     pub fn saved(&mut self, seq: u64) {
         self.snapshot.saved(seq);
+    }
+
+    /// A checkpoint back from its save: its rows are filled again for the next ones, and
+    /// when it was saved, memory lets go of what the index now holds.
+    fn taken_back(&mut self, result: Result<u64>, saved: PendingCheckpoint) -> Result<()> {
+        self.snapshot.recycle(saved.changes.messages);
+        self.saved(result?);
+        Ok(())
     }
 
     /// Seal the live journal as a segment and start the next one empty (see `segments`):
