@@ -28,21 +28,7 @@ pub struct JsonMessage<'a> {
     pub envelope: &'a RawValue,
 }
 
-/// One accepted line as `--json` prints it ([`JsonMessage`], newline-ended): the line was
-/// read as an envelope just before, so it goes in as written, trimmed of the whitespace a
-/// `RawValue` leaves out, without being parsed a second time.
-pub fn json_line(agent: &str, offset: u64, line: &[u8]) -> Result<String, std::str::Utf8Error> {
-    let envelope = std::str::from_utf8(line.trim_ascii())?;
-    let mut text = String::with_capacity(envelope.len() + agent.len() + 64);
-    text.push_str("{\"inbox\":");
-    text.push_str(&serde_json::to_string(agent).expect("a string always serialises"));
-    text.push_str(",\"offset\":");
-    text.push_str(&offset.to_string());
-    text.push_str(",\"verdict\":\"accepted\",\"envelope\":");
-    text.push_str(envelope);
-    text.push_str("}\n");
-    Ok(text)
-}
+pub use doorbell_store::view::json_line;
 
 /// How printing ended.
 pub enum Printed {

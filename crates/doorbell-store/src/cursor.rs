@@ -420,7 +420,7 @@ fn write_cursor(bridge: &Bridge, path: &Path, record: CursorFile) -> Result<Held
 /// or the inbox is another file now).
 #[derive(Debug)]
 pub struct Keeper {
-    lock: std::rc::Rc<File>,
+    lock: std::sync::Arc<File>,
     cursor: std::path::PathBuf,
     agent: String,
     known: Option<Known>,
@@ -447,7 +447,7 @@ impl Known {
 /// A reading held by a [`Keeper`]: let go when dropped.
 #[derive(Debug)]
 pub struct Kept {
-    lock: std::rc::Rc<File>,
+    lock: std::sync::Arc<File>,
     agent: String,
 }
 
@@ -461,7 +461,7 @@ impl Drop for Kept {
 impl Keeper {
     pub fn new(bridge: &Bridge, agent: &str) -> Result<Keeper> {
         Ok(Keeper {
-            lock: std::rc::Rc::new(reader_lock(bridge, agent)?),
+            lock: std::sync::Arc::new(reader_lock(bridge, agent)?),
             cursor: bridge.cursor_path(agent)?,
             agent: agent.to_owned(),
             known: None,
@@ -475,9 +475,37 @@ impl Keeper {
         lock_reader(&mut self.lock, bridge, &self.agent, until)?;
         turn_taken(&self.agent);
         Ok(Kept {
-            lock: std::rc::Rc::clone(&self.lock),
+            lock: std::sync::Arc::clone(&self.lock),
             agent: self.agent.clone(),
         })
+    }
+
+    /// Take the reading at once, or `None` when another reader is in its turn. For a reader
+    /// that prints for another process (the daemon printing what a `watch` handed it): the
+    /// turn is not this thread's, and the reading may be let go on another thread.
+    pub fn try_reading(&mut self, bridge: &Bridge) -> Result<Option<Taken>> {
+        loop {
+            match self.lock.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(Error::io("lock reader lock", "(reader lock)")(e))
+                }
+            }
+            let links = self
+                .lock
+                .metadata()
+                .map_err(Error::io("stat reader lock", "(reader lock)"))?
+                .nlink();
+            if links > 0 {
+                return Ok(Some(Taken {
+                    lock: std::sync::Arc::clone(&self.lock),
+                }));
+            }
+            // Removed (a user cleared `.doorbell/reads/`): the lock the next reader takes.
+            let _ = self.lock.unlock();
+            self.lock = std::sync::Arc::new(reader_lock(bridge, &self.agent)?);
+        }
     }
 
     /// Where the agent resumes reading `inbox` (whose device and inode are `identity`, in
@@ -541,11 +569,23 @@ impl Keeper {
     }
 }
 
+/// A reading taken by [`Keeper::try_reading`]: let go when dropped, on whichever thread.
+#[derive(Debug)]
+pub struct Taken {
+    lock: std::sync::Arc<File>,
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        let _ = self.lock.unlock();
+    }
+}
+
 /// An agent's reading, held from loading its cursor to moving it: two readers of one agent
 /// (two `read` loops, a hook and a `watch`) never show the same message. Dropping it lets go.
 #[derive(Debug)]
 pub struct Reading {
-    _lock: std::rc::Rc<File>,
+    _lock: std::sync::Arc<File>,
     agent: String,
 }
 
@@ -567,7 +607,7 @@ pub fn reading_within(
     agent: &str,
     within: std::time::Duration,
 ) -> Result<Reading> {
-    let mut lock = std::rc::Rc::new(reader_lock(bridge, agent)?);
+    let mut lock = std::sync::Arc::new(reader_lock(bridge, agent)?);
     lock_reader(
         &mut lock,
         bridge,
@@ -586,7 +626,7 @@ pub fn reading_within(
 /// with `.doorbell/reads/`, or a restored folder) is let go, and the one there now taken:
 /// that is the one the next reader takes.
 fn lock_reader(
-    lock: &mut std::rc::Rc<File>,
+    lock: &mut std::sync::Arc<File>,
     bridge: &Bridge,
     agent: &str,
     until: Option<std::time::Instant>,
@@ -602,7 +642,7 @@ fn lock_reader(
             return Ok(());
         }
         let _ = lock.unlock();
-        *lock = std::rc::Rc::new(reader_lock(bridge, agent)?);
+        *lock = std::sync::Arc::new(reader_lock(bridge, agent)?);
     }
 }
 

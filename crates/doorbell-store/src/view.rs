@@ -788,6 +788,35 @@ impl InboxView {
     }
 }
 
+/// One accepted line as `read --json` and `watch --json` print it, newline-ended:
+/// `{"inbox":…,"offset":…,"verdict":"accepted","envelope":…}`. The line was read as an
+/// envelope just before, so it goes in as written, trimmed of surrounding whitespace,
+/// without being parsed a second time.
+pub fn json_line(agent: &str, offset: u64, line: &[u8]) -> Result<String, std::str::Utf8Error> {
+    let mut text = Vec::new();
+    push_json_line(&mut text, agent, offset, line)?;
+    Ok(String::from_utf8(text).expect("pushed as UTF-8"))
+}
+
+/// [`json_line`], added to `out`; nothing is added when the line is not UTF-8.
+pub fn push_json_line(
+    out: &mut Vec<u8>,
+    agent: &str,
+    offset: u64,
+    line: &[u8],
+) -> Result<(), std::str::Utf8Error> {
+    let envelope = std::str::from_utf8(line.trim_ascii())?;
+    out.reserve(envelope.len() + agent.len() + 64);
+    out.extend_from_slice(b"{\"inbox\":");
+    serde_json::to_writer(&mut *out, agent).expect("a string always serialises");
+    out.extend_from_slice(b",\"offset\":");
+    out.extend_from_slice(itoa::Buffer::new().format(offset).as_bytes());
+    out.extend_from_slice(b",\"verdict\":\"accepted\",\"envelope\":");
+    out.extend_from_slice(envelope.as_bytes());
+    out.extend_from_slice(b"}\n");
+    Ok(())
+}
+
 /// What the judge journals after a view was opened, as it journals it.
 #[derive(Debug)]
 pub struct Updates {
