@@ -763,7 +763,15 @@ pub struct WatchChild(pub std::process::Child);
 
 impl WatchChild {
     pub fn spawn(bridge: &Bridge, agent: &str) -> WatchChild {
-        let mut command = bridge.command(&["watch", agent, "--json"]);
+        WatchChild::spawn_with(bridge, agent, &[])
+    }
+
+    /// With `extra` arguments: `--keep-output` keeps the printing in the watch itself, for
+    /// tests of its own path.
+    pub fn spawn_with(bridge: &Bridge, agent: &str, extra: &[&str]) -> WatchChild {
+        let mut args = vec!["watch", agent, "--json"];
+        args.extend_from_slice(extra);
+        let mut command = bridge.command(&args);
         command
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
@@ -781,8 +789,17 @@ impl Drop for WatchChild {
 
 impl Watch {
     pub fn start(bridge: &Bridge, agent: &str) -> Watch {
+        Watch::start_with(bridge, agent, &[])
+    }
+
+    /// A watch that prints itself (`--keep-output`): its output is never the daemon's.
+    pub fn start_keeping_output(bridge: &Bridge, agent: &str) -> Watch {
+        Watch::start_with(bridge, agent, &["--keep-output"])
+    }
+
+    pub fn start_with(bridge: &Bridge, agent: &str, extra: &[&str]) -> Watch {
         use std::io::BufRead;
-        let mut child = WatchChild::spawn(bridge, agent);
+        let mut child = WatchChild::spawn_with(bridge, agent, extra);
         let stdout = child.0.stdout.take().unwrap();
         let (tx, ids) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

@@ -48,7 +48,15 @@ fn a_watcher_is_told_by_the_daemon_and_reads_the_files_when_it_goes() {
         bridge.append_raw("web", note(id).as_bytes());
         printed.push(watch.next(PATIENCE));
     }
-    assert_eq!(inotify_instances(watch.id()), 0);
+    // (`notify` closes the instance on its own thread, a moment after it is let go.)
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while inotify_instances(watch.id()) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the watcher still watches the files"
+        );
+        std::thread::yield_now();
+    }
     // Nothing printed twice: the next line printed is the next one sent.
     bridge.append_raw("web", note("01SENTINEL").as_bytes());
     printed.push(watch.next(PATIENCE));
@@ -71,7 +79,7 @@ fn a_watcher_is_told_by_the_daemon_and_reads_the_files_when_it_goes() {
 fn a_watcher_that_stops_reading_is_let_go_and_misses_nothing() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
     let mut daemon = Daemon::start(&bridge, &[]);
-    let mut watch = WatchChild::spawn(&bridge, "web");
+    let mut watch = WatchChild::spawn_with(&bridge, "web", &["--keep-output"]);
     // Nobody reads what it prints: its pipe fills, it stops reading the socket, the
     // daemon's writes to it fill that too.
     let mut sent = Vec::new();
@@ -215,7 +223,7 @@ fn wait_for_first_move(bridge: &Bridge) {
 fn a_watch_sees_a_cursor_moved_by_another_reader_while_it_waited() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
     let daemon = Daemon::start(&bridge, &[]);
-    let watch = Watch::start(&bridge, "web");
+    let watch = Watch::start_keeping_output(&bridge, "web");
     bridge.append_raw("web", note("01MOVEDONE").as_bytes());
     assert_eq!(watch.next(PATIENCE), "01MOVEDONE");
     // The watch moves its cursor after it prints: stopped before that move is over, it would
@@ -251,7 +259,7 @@ fn a_cursor_move_makes_no_event_beside_the_inboxes_but_its_rename() {
     use notify::Watcher;
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
     let daemon = Daemon::start(&bridge, &[]);
-    let watch = Watch::start(&bridge, "web");
+    let watch = Watch::start_keeping_output(&bridge, "web");
     // The first move makes the cursor file; the ones after replace it.
     bridge.append_raw("web", note("01EVENTSONE").as_bytes());
     assert_eq!(watch.next(PATIENCE), "01EVENTSONE");
@@ -322,7 +330,7 @@ fn a_watch_takes_the_reader_lock_that_is_there_now() {
     use std::io::Read;
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
     let daemon = Daemon::start(&bridge, &[]);
-    let first = Watch::start(&bridge, "web");
+    let first = Watch::start_keeping_output(&bridge, "web");
     bridge.append_raw("web", note("01LOCKZERO").as_bytes());
     assert_eq!(first.next(PATIENCE), "01LOCKZERO");
     wait_for_first_move(&bridge);
@@ -331,7 +339,7 @@ fn a_watch_takes_the_reader_lock_that_is_there_now() {
     // While the first is stopped, a second watch begins to print a message larger than its
     // pipe holds, and stays in that turn until the test reads its output.
     signal("STOP");
-    let mut second = WatchChild::spawn(&bridge, "web");
+    let mut second = WatchChild::spawn_with(&bridge, "web", &["--keep-output"]);
     let padding = format!(r#","padding":"{}""#, "x".repeat(300_000));
     let big = format!("{}\n", line("01LOCKBIG", "design", "web", "note", &padding));
     bridge.append_raw("web", big.as_bytes());
@@ -386,7 +394,7 @@ struct Logged {
 
 impl Logged {
     fn start(bridge: &Bridge) -> Logged {
-        let mut command = bridge.command(&["watch", "web", "--json"]);
+        let mut command = bridge.command(&["watch", "web", "--json", "--keep-output"]);
         command
             .env("DOORBELL_LOG", "warn,doorbell::watch=debug")
             .stdout(std::process::Stdio::piped())
@@ -557,4 +565,148 @@ fn a_watch_woken_while_its_inbox_is_cut_in_place_repeats_nothing_another_reader_
         "what the other reader showed is not shown again"
     );
     daemon.kill();
+}
+
+/// The daemon says so when it takes a watch's output over.
+const DELIVERING: &str = "the daemon prints for a watch of the agent";
+
+/// The ids read from `lines`, `count` of them.
+fn ids_from(
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+    count: usize,
+) -> Vec<String> {
+    (0..count)
+        .map(|_| {
+            let value: serde_json::Value =
+                serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+            value["envelope"]["id"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+/// A `watch --json` into a pipe hands the pipe to the daemon, which prints each message
+/// itself and moves the cursor: the watch sleeps, stopped even, and nothing waits for it.
+/// The daemon killed, the watch prints again, from where the daemon's record says.
+#[test]
+fn a_watch_hands_its_pipe_to_the_daemon_and_takes_it_back_when_the_daemon_dies() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let watch = Watch::start(&bridge, "web");
+    daemon.expect_stderr(DELIVERING, PATIENCE);
+    signal(watch.id(), "STOP");
+    let mut printed = Vec::new();
+    for id in ["01HANDEDONE", "01HANDEDTWO"] {
+        bridge.append_raw("web", note(id).as_bytes());
+        printed.push(watch.next(PATIENCE));
+    }
+    // Read, as a watch reads: another reader finds nothing unread.
+    assert!(bridge.read_json("web", &[]).is_empty());
+    let log = std::fs::read_to_string(bridge.dir().join(".doorbell/reads/web.jsonl")).unwrap();
+    assert!(log.contains("\"via\":\"watch\""), "{log}");
+    signal(watch.id(), "CONT");
+    daemon.kill();
+    for id in ["01ALONE", "01ALONEAGAIN"] {
+        bridge.append_raw("web", note(id).as_bytes());
+        printed.push(watch.next(PATIENCE));
+    }
+    assert_eq!(
+        printed,
+        ["01HANDEDONE", "01HANDEDTWO", "01ALONE", "01ALONEAGAIN"]
+    );
+}
+
+/// The daemon stopped while it prints for a watch: it hands the pipe back, and the watch
+/// goes on from the files; nothing is lost or shown twice.
+#[test]
+fn a_daemon_that_stops_hands_the_pipe_back() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let watch = Watch::start(&bridge, "web");
+    daemon.expect_stderr(DELIVERING, PATIENCE);
+    bridge.append_raw("web", note("01BEFORESTOP").as_bytes());
+    assert_eq!(watch.next(PATIENCE), "01BEFORESTOP");
+    signal(daemon.child.id(), "TERM");
+    assert!(daemon.child.wait().unwrap().success());
+    bridge.append_raw("web", note("01AFTERSTOP").as_bytes());
+    assert_eq!(watch.next(PATIENCE), "01AFTERSTOP");
+    assert_eq!(watch.next_within(Duration::from_millis(200)), None);
+}
+
+/// A consumer that reads nothing for a while: the daemon's writes to the full pipe wait
+/// without holding the judge, and each line comes out once, in order, when it reads.
+#[test]
+fn a_pipe_that_fills_while_the_daemon_prints_misses_nothing_and_holds_nothing() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let mut watch = WatchChild::spawn(&bridge, "web");
+    daemon.expect_stderr(DELIVERING, PATIENCE);
+    // The watch sleeps throughout: only the daemon prints.
+    signal(watch.0.id(), "STOP");
+    let mut sent = Vec::new();
+    let mut judged = 0;
+    for batch in 0..12 {
+        let lines: String = (0..200)
+            .map(|n| {
+                let id = format!("01P{batch:02}N{n:03}");
+                let line = note(&id);
+                sent.push(id);
+                line
+            })
+            .collect();
+        bridge.append_raw("web", lines.as_bytes());
+        judged += 200;
+        bridge.wait_for(PATIENCE, "the batch judged", |b| {
+            b.verdict_count() >= judged
+        });
+    }
+    let mut lines = BufReader::new(watch.0.stdout.take().unwrap()).lines();
+    assert_eq!(ids_from(&mut lines, sent.len()), sent);
+    bridge.append_raw("web", note("01PAFTER").as_bytes());
+    assert_eq!(ids_from(&mut lines, 1), ["01PAFTER"]);
+    signal(watch.0.id(), "CONT");
+}
+
+/// The watch killed while the daemon prints for it: the daemon lets the pipe go, so its
+/// reader sees the end, as it would have without the daemon.
+#[test]
+fn a_killed_watch_ends_its_pipe_though_the_daemon_printed_to_it() {
+    use std::io::Read;
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let mut watch = WatchChild::spawn(&bridge, "web");
+    daemon.expect_stderr(DELIVERING, PATIENCE);
+    let mut output = watch.0.stdout.take().unwrap();
+    let (tx, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut all = String::new();
+        let _ = output.read_to_string(&mut all);
+        let _ = tx.send(all);
+    });
+    bridge.append_raw("web", note("01BEFOREKILL").as_bytes());
+    bridge.wait_for(PATIENCE, "read", |b| b.read_json("web", &[]).is_empty());
+    watch.0.kill().unwrap();
+    watch.0.wait().unwrap();
+    let all = ended.recv_timeout(PATIENCE).expect("the pipe ends");
+    assert!(all.contains("01BEFOREKILL"), "{all}");
+}
+
+/// The pipe's reader gone while the daemon prints: the watch ends, as it would have.
+#[test]
+fn a_watch_whose_reader_went_away_ends_though_the_daemon_printed() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let mut watch = WatchChild::spawn(&bridge, "web");
+    daemon.expect_stderr(DELIVERING, PATIENCE);
+    drop(watch.0.stdout.take());
+    bridge.append_raw("web", note("01NOBODYREADS").as_bytes());
+    let (tx, exited) = std::sync::mpsc::channel();
+    let mut child = std::mem::replace(
+        &mut watch.0,
+        std::process::Command::new("true").spawn().unwrap(),
+    );
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait().unwrap());
+    });
+    let status = exited.recv_timeout(PATIENCE).expect("the watch ends");
+    assert!(status.success(), "{status:?}");
 }

@@ -276,6 +276,11 @@ pub struct WatchArgs {
     /// One JSON line per message
     #[arg(long)]
     pub json: bool,
+    /// Print every line from this process. By default a `--json` watch whose output is a
+    /// pipe hands the pipe to the running daemon, which writes each message to it as it is
+    /// judged (and moves the cursor), one process hop fewer
+    #[arg(long)]
+    pub keep_output: bool,
 }
 
 #[derive(Debug, Args)]

@@ -7,7 +7,10 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use doorbell_daemon::tell::{Next, Told};
+use std::os::fd::AsFd;
+
+use doorbell_daemon::deliver::{Record, Request};
+use doorbell_daemon::tell::{Handed, Next, Returned, Told};
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor;
 use doorbell_store::journal::Appended;
@@ -21,7 +24,25 @@ use crate::session::{view, Session};
 use doorbell_daemon::waiter::{judge_if_idle, Events};
 
 pub fn run(session: &Session, args: &WatchArgs) -> anyhow::Result<i32> {
-    follow(session, &args.agent, args.json, Until::Stopped, "watch")
+    let hand_over = args.json && !args.keep_output && stdout_is_a_pipe();
+    follow_handing_over(
+        session,
+        &args.agent,
+        args.json,
+        Until::Stopped,
+        "watch",
+        hand_over,
+    )
+}
+
+fn stdout_is_a_pipe() -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(stdout) = std::io::stdout().as_fd().try_clone_to_owned() else {
+        return false;
+    };
+    std::fs::File::from(stdout)
+        .metadata()
+        .is_ok_and(|meta| meta.file_type().is_fifo())
 }
 
 /// How long to follow an inbox.
@@ -42,120 +63,290 @@ pub fn follow(
     until: Until,
     via: &str,
 ) -> anyhow::Result<i32> {
+    follow_handing_over(session, agent, json, until, via, false)
+}
+
+/// [`follow`]; with `hand_over`, once the backlog is out, the output (a pipe) is handed to
+/// the running daemon, which prints each new message to it itself, until it hands it back
+/// (then this process prints from the cursor again) or the pipe's reader goes away.
+fn follow_handing_over(
+    session: &Session,
+    agent: &str,
+    json: bool,
+    until: Until,
+    via: &str,
+    hand_over: bool,
+) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
-    let path = bridge.require_inbox(agent)?;
-    // Told, or watching the files, before reading anything: no change between is missed.
-    let mut source = Source::start(&bridge)?;
-    let mut inbox = open_inbox(&path, false)?;
-    let mut inbox_identity = identity(&inbox)?;
-    // First, so that a reader refused (another bridge's station) says nothing else.
-    let mut keeper = cursor::Keeper::new(&bridge, agent)?;
-    let position = cursor::load(&bridge, agent, &inbox)?;
-    warn_replaced(agent, position);
-    let mut printed_to = position.offset();
-    let (mut journal, mut follower) = {
-        let view = view(&bridge)?;
-        let journal = view
-            .inbox(agent, printed_to)?
-            .unwrap_or_else(|| InboxView::empty(agent));
-        (journal, view.updates())
-    };
     // What one turn prints goes out in one write (print_accepted flushes).
     let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
-    // The inbox is not the file the judge last read (changed in place since).
-    let mut unsettled = false;
+    let mut handing = HandOver {
+        enabled: hand_over,
+        next: std::time::Instant::now(),
+    };
     loop {
-        if inbox_identity == (journal.journal.dev, journal.journal.ino) {
-            // One reader of the agent at a time; another may have read on meanwhile. `read
-            // --wait` waits for it until its deadline, and a reader's wait past it (a message
-            // came just before: another reader's turn of milliseconds is no failure).
-            let turn = keeper.reading(
-                &bridge,
-                match until {
-                    Until::Stopped => None,
-                    Until::FirstMessages(deadline) => {
-                        Some(deadline.max(std::time::Instant::now() + cursor::READER_WAIT))
-                    }
-                },
-            )?;
-            // The judge may have begun a new file while this reader waited for its turn (it
-            // holds the turn while it marks one): nothing more of the old one is printed.
-            // A new file may also go on as the same generation (a copy of the old bytes, or
-            // one taken before anything in the old was judged): it is the one read on.
-            let gen = journal.journal.gen;
-            follower.follow(&mut journal)?;
-            let moved = inbox_identity != (journal.journal.dev, journal.journal.ino);
-            if journal.journal.gen != gen || moved {
-                if journal.journal.gen != gen {
-                    printed_to = 0;
-                }
-                drop(turn);
-                follow_file(&path, &journal, &mut inbox, &mut inbox_identity)?;
-                continue;
-            }
-            let position = keeper.load(&inbox, inbox_identity, gen)?;
-            // The inbox cut or rewritten in place (a restore with `cp`) since the judge last
-            // read it: its offsets are not the picture's lines. Nothing is shown from it, nor
-            // the cursor moved, until it is the file the judge read again, or the judge has
-            // read it anew (it is looked at again shortly: the same bytes back tell nothing).
-            if journal.describes(&inbox, &inbox.metadata()?) {
-                unsettled = false;
-                if let cursor::Position::At(at) = position {
-                    printed_to = printed_to.max(at);
-                }
-                let reading = Inbox {
-                    agent,
-                    file: &inbox,
-                };
-                match print_accepted(&reading, &mut journal, printed_to, json, None, &mut out)? {
-                    Printed::ClosedPipe => return Ok(OK),
-                    Printed::Upto(to, count, _) => {
-                        if to > printed_to {
-                            keeper.advance(&bridge, &inbox, (inbox_identity, gen), to, via)?;
-                            printed_to = to;
-                        }
-                        if count > 0 && matches!(until, Until::FirstMessages(_)) {
-                            return Ok(OK);
-                        }
-                    }
-                }
-            } else {
-                if !unsettled {
-                    tracing::debug!(agent, "the inbox changed in place since the judge read it: waiting for it to be whole, or read again");
-                }
-                unsettled = true;
-                drop(turn);
-            }
-        }
-        let deadline = match until {
-            Until::Stopped => None,
-            Until::FirstMessages(deadline) => Some(deadline),
+        let following = Following {
+            bridge: &bridge,
+            agent,
+            json,
+            until,
+            via,
         };
-        let look_again = unsettled.then(|| std::time::Instant::now() + UNSETTLED_LOOK);
-        let gen = journal.journal.gen;
-        match source.next(&bridge, earliest(deadline, look_again))? {
-            Change::Appended(appended) => {
-                for appended in &appended {
-                    follower.take(appended, &mut journal)?;
+        if let Followed::Ended(code) = following.run(&mut out, &mut handing)? {
+            return Ok(code);
+        }
+    }
+}
+
+/// When this watch may hand its output to the daemon.
+struct HandOver {
+    enabled: bool,
+    /// Not before this: it was handed back a moment ago.
+    next: std::time::Instant,
+}
+
+/// After the daemon handed the output back, or would not take it, this process prints for
+/// at least this long before it asks again.
+const HAND_OVER_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl HandOver {
+    fn due(&self) -> bool {
+        self.enabled && std::time::Instant::now() >= self.next
+    }
+
+    fn later(&mut self) {
+        self.next = std::time::Instant::now() + HAND_OVER_PAUSE;
+    }
+}
+
+/// How one run of following ended.
+enum Followed {
+    Ended(i32),
+    /// The daemon printed for a while: start again from the cursor.
+    Again,
+}
+
+/// One run of following, from the cursor.
+struct Following<'a> {
+    bridge: &'a Bridge,
+    agent: &'a str,
+    json: bool,
+    until: Until,
+    via: &'a str,
+}
+
+impl Following<'_> {
+    #[allow(clippy::too_many_lines)]
+    fn run(
+        &self,
+        out: &mut impl std::io::Write,
+        handing: &mut HandOver,
+    ) -> anyhow::Result<Followed> {
+        let Following {
+            bridge,
+            agent,
+            json,
+            until,
+            via,
+        } = *self;
+        let path = bridge.require_inbox(agent)?;
+        // Told, or watching the files, before reading anything: no change between is missed.
+        let mut source = Source::start(bridge)?;
+        let mut inbox = open_inbox(&path, false)?;
+        let mut inbox_identity = identity(&inbox)?;
+        // First, so that a reader refused (another bridge's station) says nothing else.
+        let mut keeper = cursor::Keeper::new(bridge, agent)?;
+        let position = cursor::load(bridge, agent, &inbox)?;
+        warn_replaced(agent, position);
+        let mut printed_to = position.offset();
+        let (mut journal, mut follower) = {
+            let view = view(bridge)?;
+            let journal = view
+                .inbox(agent, printed_to)?
+                .unwrap_or_else(|| InboxView::empty(agent));
+            (journal, view.updates())
+        };
+        // The inbox is not the file the judge last read (changed in place since).
+        let mut unsettled = false;
+        loop {
+            if inbox_identity == (journal.journal.dev, journal.journal.ino) {
+                // One reader of the agent at a time; another may have read on meanwhile. `read
+                // --wait` waits for it until its deadline, and a reader's wait past it (a message
+                // came just before: another reader's turn of milliseconds is no failure).
+                let turn = keeper.reading(
+                    bridge,
+                    match until {
+                        Until::Stopped => None,
+                        Until::FirstMessages(deadline) => {
+                            Some(deadline.max(std::time::Instant::now() + cursor::READER_WAIT))
+                        }
+                    },
+                )?;
+                // The judge may have begun a new file while this reader waited for its turn (it
+                // holds the turn while it marks one): nothing more of the old one is printed.
+                // A new file may also go on as the same generation (a copy of the old bytes, or
+                // one taken before anything in the old was judged): it is the one read on.
+                let gen = journal.journal.gen;
+                follower.follow(&mut journal)?;
+                let moved = inbox_identity != (journal.journal.dev, journal.journal.ino);
+                if journal.journal.gen != gen || moved {
+                    if journal.journal.gen != gen {
+                        printed_to = 0;
+                    }
+                    drop(turn);
+                    follow_file(&path, &journal, &mut inbox, &mut inbox_identity)?;
+                    continue;
+                }
+                let position = keeper.load(&inbox, inbox_identity, gen)?;
+                // The inbox cut or rewritten in place (a restore with `cp`) since the judge last
+                // read it: its offsets are not the picture's lines. Nothing is shown from it, nor
+                // the cursor moved, until it is the file the judge read again, or the judge has
+                // read it anew (it is looked at again shortly: the same bytes back tell nothing).
+                if journal.describes(&inbox, &inbox.metadata()?) {
+                    unsettled = false;
+                    if let cursor::Position::At(at) = position {
+                        printed_to = printed_to.max(at);
+                    }
+                    let reading = Inbox {
+                        agent,
+                        file: &inbox,
+                    };
+                    match print_accepted(&reading, &mut journal, printed_to, json, None, out)? {
+                        Printed::ClosedPipe => return Ok(Followed::Ended(OK)),
+                        Printed::Upto(to, count, _) => {
+                            if to > printed_to {
+                                keeper.advance(bridge, &inbox, (inbox_identity, gen), to, via)?;
+                                printed_to = to;
+                            }
+                            if count > 0 && matches!(until, Until::FirstMessages(_)) {
+                                return Ok(Followed::Ended(OK));
+                            }
+                        }
+                    }
+                } else {
+                    if !unsettled {
+                        tracing::debug!(agent, "the inbox changed in place since the judge read it: waiting for it to be whole, or read again");
+                    }
+                    unsettled = true;
+                    drop(turn);
                 }
             }
-            Change::Files => follower.follow(&mut journal)?,
-            Change::TimedOut
-                if deadline.is_none_or(|deadline| std::time::Instant::now() < deadline) =>
-            {
-                follower.follow(&mut journal)?;
+            if let (true, false, Source::Told(told)) = (handing.due(), unsettled, &mut source) {
+                let request = Request {
+                    printed_to,
+                    dev: inbox_identity.0,
+                    ino: inbox_identity.1,
+                    gen: journal.journal.gen,
+                    agent: agent.to_owned(),
+                };
+                let record = Record::create(printed_to)?;
+                match told.hand_over(&request, std::io::stdout().as_fd(), &record) {
+                    Handed::Delivering => {
+                        let returned = told.wait_return();
+                        handing.later();
+                        return self.handed_back(&returned, &record, &inbox, &request, out);
+                    }
+                    Handed::Refused(why, told) => {
+                        tracing::debug!(agent, why, "the daemon does not print for this watch");
+                        handing.later();
+                        // What it told meanwhile, and what it journaled after, as after a wait.
+                        let gen = journal.journal.gen;
+                        for appended in &told {
+                            follower.take(appended, &mut journal)?;
+                        }
+                        follower.follow(&mut journal)?;
+                        if journal.journal.gen != gen {
+                            printed_to = 0;
+                        }
+                        follow_file(&path, &journal, &mut inbox, &mut inbox_identity)?;
+                        continue;
+                    }
+                    Handed::Gone => {
+                        handing.later();
+                        return Ok(Followed::Again);
+                    }
+                }
             }
-            Change::TimedOut => {
-                eprintln!("doorbell: nothing arrived for {agent} before the timeout");
-                return Ok(crate::wait::TIMED_OUT);
+            let deadline = match until {
+                Until::Stopped => None,
+                Until::FirstMessages(deadline) => Some(deadline),
+            };
+            let look_again = unsettled.then(|| std::time::Instant::now() + UNSETTLED_LOOK);
+            let gen = journal.journal.gen;
+            match source.next(bridge, earliest(deadline, look_again))? {
+                Change::Appended(appended) => {
+                    for appended in &appended {
+                        follower.take(appended, &mut journal)?;
+                    }
+                }
+                Change::Files => follower.follow(&mut journal)?,
+                Change::TimedOut
+                    if deadline.is_none_or(|deadline| std::time::Instant::now() < deadline) =>
+                {
+                    follower.follow(&mut journal)?;
+                }
+                Change::TimedOut => {
+                    eprintln!("doorbell: nothing arrived for {agent} before the timeout");
+                    return Ok(Followed::Ended(crate::wait::TIMED_OUT));
+                }
+            }
+            // The judge started a new generation (truncated, replaced, recreated): start over,
+            // on the file the judge is reading now.
+            if journal.journal.gen != gen {
+                printed_to = 0;
+            }
+            follow_file(&path, &journal, &mut inbox, &mut inbox_identity)?;
+        }
+    }
+
+    /// The daemon printed for this watch until `returned`, as far as `record` says: end
+    /// the lines it began, if it began some, see that the cursor is past what it printed
+    /// (a daemon killed between its write and its cursor move), and start again from the
+    /// cursor — or end, with the pipe's reader gone.
+    fn handed_back(
+        &self,
+        returned: &Returned,
+        record: &Record,
+        inbox: &std::fs::File,
+        request: &Request,
+        out: &mut impl std::io::Write,
+    ) -> anyhow::Result<Followed> {
+        if *returned == Returned::Closed {
+            return Ok(Followed::Ended(OK));
+        }
+        let printed = match record.load() {
+            Ok(printed) => printed,
+            Err(e) => {
+                tracing::warn!(
+                    agent = self.agent,
+                    "reading what the daemon printed: {e}; printing from the cursor"
+                );
+                return Ok(Followed::Again);
+            }
+        };
+        if printed.upto <= request.printed_to {
+            return Ok(Followed::Again);
+        }
+        let mut keeper = cursor::Keeper::new(self.bridge, self.agent)?;
+        let _turn = keeper.reading(self.bridge, None)?;
+        if printed.upto > printed.printed_to {
+            match out.write_all(&printed.rest).and_then(|()| out.flush()) {
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                    return Ok(Followed::Ended(OK))
+                }
+                other => other?,
             }
         }
-        // The judge started a new generation (truncated, replaced, recreated): start over,
-        // on the file the judge is reading now.
-        if journal.journal.gen != gen {
-            printed_to = 0;
+        let file = ((request.dev, request.ino), request.gen);
+        let behind = match keeper.load(inbox, file.0, file.1)? {
+            cursor::Position::At(at) => at < printed.upto,
+            cursor::Position::Fresh => true,
+            cursor::Position::Replaced { .. } => false,
+        };
+        if behind {
+            keeper.advance(self.bridge, inbox, file, printed.upto, self.via)?;
         }
-        follow_file(&path, &journal, &mut inbox, &mut inbox_identity)?;
+        Ok(Followed::Again)
     }
 }
 

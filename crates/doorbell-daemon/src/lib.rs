@@ -6,6 +6,7 @@
 //! It never polls: when nothing is written, every thread is blocked on a channel or a timer
 //! that is due.
 
+pub mod deliver;
 mod hooks;
 mod judging;
 pub mod tell;
@@ -83,7 +84,7 @@ pub async fn run(
         .bridge
         .state_dir()
         .map_err(std::io::Error::other)
-        .and_then(|state| tell::Watchers::listen(&state))
+        .and_then(|state| tell::Watchers::listen(&state, Some(options.bridge.clone())))
         .inspect_err(|error| {
             tracing::warn!(%error, "cannot listen for watchers: they follow the journal file");
         })

@@ -18,6 +18,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use doorbell_store::journal::Appended;
+use doorbell_store::Bridge;
+
+use std::os::fd::AsFd;
+
+use crate::deliver::{Delivery, Outcome, Record, Request, BACK, CLOSED, DELIVERING};
 
 /// The socket's name in `.doorbell/`.
 pub const SOCKET: &str = "watch.sock";
@@ -30,18 +35,36 @@ const GREETING_WAIT: Duration = Duration::from_secs(2);
 /// The most bytes one frame may carry (the journal's copy lets go well before).
 const MAX_FRAME: u64 = 8 << 20;
 
+/// Who is connected: watchers told every append, and watchers whose output the daemon
+/// prints to.
+#[derive(Debug, Default)]
+struct Connected {
+    streams: Vec<Arc<UnixStream>>,
+    deliveries: Vec<Delivery>,
+}
+
+impl Connected {
+    fn len(&self) -> usize {
+        self.streams.len() + self.deliveries.len()
+    }
+}
+
 /// The daemon's side: the socket and the watchers connected to it.
 #[derive(Debug)]
 pub struct Watchers {
-    streams: Arc<Mutex<Vec<UnixStream>>>,
+    connected: Arc<Mutex<Connected>>,
+    bridge: Option<Bridge>,
     path: PathBuf,
     stop: Arc<AtomicBool>,
+    /// Wakes the socket's thread: to stop, or to wait for a pipe that took no more.
+    wake: UnixStream,
 }
 
 impl Watchers {
     /// Listen in `state` (the bridge's `.doorbell/`). The judge holds the bridge lock, so a
-    /// socket already there is a dead daemon's: it is replaced.
-    pub fn listen(state: &Path) -> std::io::Result<Watchers> {
+    /// socket already there is a dead daemon's: it is replaced. With `bridge`, a watcher may
+    /// hand the daemon its output ([`crate::deliver`]).
+    pub fn listen(state: &Path, bridge: Option<Bridge>) -> std::io::Result<Watchers> {
         let path = state.join(SOCKET);
         match std::fs::remove_file(&path) {
             Ok(()) => {}
@@ -50,37 +73,53 @@ impl Watchers {
         }
         let listener = UnixListener::bind(&path)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-        let streams = Arc::new(Mutex::new(Vec::new()));
+        listener.set_nonblocking(true)?;
+        let (wake, woken) = UnixStream::pair()?;
+        wake.set_nonblocking(true)?;
+        woken.set_nonblocking(true)?;
+        let connected = Arc::new(Mutex::new(Connected::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (list, stopping) = (Arc::clone(&streams), Arc::clone(&stop));
+        let serving = Serving {
+            listener,
+            woken,
+            connected: Arc::clone(&connected),
+            stop: Arc::clone(&stop),
+            bridge: bridge.clone(),
+        };
         std::thread::Builder::new()
             .name("watchers".into())
-            .spawn(move || {
-                for stream in listener.incoming() {
-                    if stopping.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    match stream {
-                        Ok(stream) => welcome(&list, stream),
-                        Err(error) => {
-                            // Watchers still follow the journal file; only the shortcut is lost.
-                            tracing::warn!(%error, "no longer accepting watchers on the socket");
-                            return;
-                        }
-                    }
-                }
-            })?;
+            .spawn(move || serving.serve())?;
         Ok(Watchers {
-            streams,
+            connected,
+            bridge,
             path,
             stop,
+            wake,
         })
     }
 
-    /// Hand `appended` to every watcher; one that cannot take it now is let go.
+    /// Hand `appended` to every watcher; one that cannot take it now is let go. Watchers
+    /// whose output is here get their lines first.
     pub fn tell(&self, appended: &Appended) {
-        let mut streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
-        if streams.is_empty() {
+        let mut connected = self
+            .connected
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(bridge) = &self.bridge {
+            let stalled = connected.deliveries.iter().filter(|d| d.stalled).count();
+            let mut at = 0;
+            while at < connected.deliveries.len() {
+                match connected.deliveries[at].take(bridge, appended) {
+                    Outcome::Going => at += 1,
+                    outcome => connected.deliveries.swap_remove(at).end(&outcome),
+                }
+            }
+            if connected.deliveries.iter().filter(|d| d.stalled).count() > stalled {
+                // A pipe took no more: the socket's thread waits for it to take more.
+                let _ = (&self.wake).write(&[1]);
+            }
+        }
+        if connected.streams.is_empty() {
             return;
         }
         let mut frame = format!(
@@ -92,10 +131,12 @@ impl Watchers {
         )
         .into_bytes();
         frame.extend_from_slice(&appended.bytes);
-        streams.retain_mut(|stream| match stream.write_all(&frame) {
+        connected.streams.retain(|stream| match (&**stream).write_all(&frame) {
             Ok(()) => true,
             Err(error) => {
                 tracing::info!(%error, "a watcher that does not keep up is let go: it reads the journal file");
+                // Closed now, though the socket's thread may hold it a while yet.
+                let _ = stream.shutdown(std::net::Shutdown::Both);
                 false
             }
         });
@@ -105,23 +146,229 @@ impl Watchers {
 impl Drop for Watchers {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        // Wake the listening thread so that it ends, then take the socket away.
-        let _ = UnixStream::connect(&self.path);
+        let _ = (&self.wake).write(&[1]);
         let _ = std::fs::remove_file(&self.path);
+        // Each watch whose output is here prints again itself, from where this stopped.
+        let mut connected = self
+            .connected
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for delivery in connected.deliveries.drain(..) {
+            delivery.end(&Outcome::Back("the daemon stops".into()));
+        }
     }
+}
+
+/// The socket's thread: it takes new watchers, hears what they say (a request to print
+/// for them, or that they hung up), and waits for full pipes to take more.
+struct Serving {
+    listener: UnixListener,
+    woken: UnixStream,
+    connected: Arc<Mutex<Connected>>,
+    stop: Arc<AtomicBool>,
+    bridge: Option<Bridge>,
+}
+
+impl Serving {
+    fn serve(self) {
+        use rustix::event::{poll, PollFd, PollFlags};
+        loop {
+            let (conns, pipes) = {
+                let connected = self.lock();
+                let conns: Vec<Arc<UnixStream>> = connected
+                    .streams
+                    .iter()
+                    .cloned()
+                    .chain(connected.deliveries.iter().map(|d| Arc::clone(&d.conn)))
+                    .collect();
+                let pipes: Vec<Arc<std::fs::File>> = connected
+                    .deliveries
+                    .iter()
+                    .filter(|d| d.stalled)
+                    .map(|d| Arc::clone(&d.out))
+                    .collect();
+                (conns, pipes)
+            };
+            let mut fds = Vec::with_capacity(2 + conns.len() + pipes.len());
+            fds.push(PollFd::new(&self.listener, PollFlags::IN));
+            fds.push(PollFd::new(&self.woken, PollFlags::IN));
+            fds.extend(conns.iter().map(|c| PollFd::new(&**c, PollFlags::IN)));
+            fds.extend(pipes.iter().map(|p| PollFd::new(&**p, PollFlags::OUT)));
+            match poll(&mut fds, None) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(error) => {
+                    // Watchers still follow the journal file; only the shortcut is lost.
+                    tracing::warn!(%error, "no longer hearing watchers on the socket");
+                    return;
+                }
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let events: Vec<bool> = fds.iter().map(|fd| !fd.revents().is_empty()).collect();
+            drop(fds);
+            if events[0] {
+                while let Ok((stream, _)) = self.listener.accept() {
+                    welcome(&self.connected, stream);
+                }
+            }
+            if events[1] {
+                let mut drained = [0; 64];
+                while matches!((&self.woken).read(&mut drained), Ok(n) if n > 0) {}
+            }
+            for (conn, _) in conns.iter().zip(&events[2..]).filter(|(_, e)| **e) {
+                self.heard(conn);
+            }
+            let pipes_events = &events[2 + conns.len()..];
+            for (pipe, _) in pipes.iter().zip(pipes_events).filter(|(_, e)| **e) {
+                self.drained(pipe);
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Connected> {
+        self.connected
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A watcher said something, or hung up.
+    fn heard(&self, conn: &Arc<UnixStream>) {
+        let mut connected = self.lock();
+        if let Some(at) = connected
+            .deliveries
+            .iter()
+            .position(|d| Arc::ptr_eq(&d.conn, conn))
+        {
+            // A watch says nothing while its output is here: it went away. Its pipe is
+            // closed with it, so that the pipe's reader sees the end.
+            drop(connected.deliveries.swap_remove(at));
+            return;
+        }
+        let Some(at) = connected.streams.iter().position(|s| Arc::ptr_eq(s, conn)) else {
+            return;
+        };
+        let said = hear(conn);
+        if matches!(said, Said::Nothing) {
+            return;
+        }
+        connected.streams.swap_remove(at);
+        let Said::Request(request, out, record) = said else {
+            return;
+        };
+        let Some(bridge) = &self.bridge else {
+            refuse(conn, "this daemon prints for no watcher");
+            connected.streams.push(Arc::clone(conn));
+            return;
+        };
+        // The view is read from the files with the watchers let be; what the judge
+        // journals meanwhile is read from the journal once they are held again.
+        drop(connected);
+        let started = Delivery::start(bridge, Arc::clone(conn), &request, out, record);
+        let mut connected = self.lock();
+        let mut delivery = match started {
+            Ok(delivery) => delivery,
+            Err(why) => {
+                // It goes on being told; what was journaled meanwhile it reads from the file.
+                refuse(conn, &why);
+                connected.streams.push(Arc::clone(conn));
+                return;
+            }
+        };
+        if (&**conn).write_all(DELIVERING.as_bytes()).is_err() {
+            return;
+        }
+        match delivery.catch_up(bridge) {
+            Outcome::Going => {
+                tracing::info!(agent = %request.agent, "the daemon prints for a watch of the agent");
+                connected.deliveries.push(delivery);
+            }
+            outcome => delivery.end(&outcome),
+        }
+    }
+
+    /// A full pipe takes more.
+    fn drained(&self, pipe: &Arc<std::fs::File>) {
+        let Some(bridge) = &self.bridge else {
+            return;
+        };
+        let mut connected = self.lock();
+        let Some(at) = connected
+            .deliveries
+            .iter()
+            .position(|d| Arc::ptr_eq(&d.out, pipe))
+        else {
+            return;
+        };
+        match connected.deliveries[at].resume(bridge) {
+            Outcome::Going => {}
+            outcome => connected.deliveries.swap_remove(at).end(&outcome),
+        }
+    }
+}
+
+/// What a watcher said.
+enum Said {
+    /// Nothing yet.
+    Nothing,
+    /// Print for it: the request, the output, the record.
+    Request(Request, std::os::fd::OwnedFd, std::os::fd::OwnedFd),
+    /// It hung up, or said what is no request.
+    Gone,
+}
+
+/// Read what a watcher says: one request, sent with its output and its record, in one
+/// message.
+fn hear(conn: &UnixStream) -> Said {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut bytes = [0u8; 512];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut ancillary = RecvAncillaryBuffer::new(&mut space);
+    let got = rustix::net::recvmsg(
+        conn,
+        &mut [std::io::IoSliceMut::new(&mut bytes)],
+        &mut ancillary,
+        RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+    );
+    let mut fds = Vec::new();
+    for message in ancillary.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = message {
+            fds.extend(rights);
+        }
+    }
+    let n = match got {
+        Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => return Said::Nothing,
+        Err(_) | Ok(rustix::net::RecvMsg { bytes: 0, .. }) => return Said::Gone,
+        Ok(got) => got.bytes,
+    };
+    let request = std::str::from_utf8(&bytes[..n])
+        .ok()
+        .and_then(Request::parse);
+    match (request, fds.len()) {
+        (Some(request), 2) => {
+            let record = fds.remove(1);
+            Said::Request(request, fds.remove(0), record)
+        }
+        _ => Said::Gone,
+    }
+}
+
+fn refuse(conn: &UnixStream, why: &str) {
+    let why = why.replace('\n', " ");
+    let _ = (&*conn).write_all(format!("refused {why}\n").as_bytes());
 }
 
 /// Greet a watcher and start telling it. The greeting is written with the list locked, so
 /// no frame comes before it, and every append told after it reaches this watcher.
-fn welcome(list: &Mutex<Vec<UnixStream>>, mut stream: UnixStream) {
-    let mut streams = list.lock().unwrap_or_else(PoisonError::into_inner);
-    if streams.len() >= MAX_WATCHERS {
+fn welcome(connected: &Mutex<Connected>, stream: UnixStream) {
+    let mut connected = connected.lock().unwrap_or_else(PoisonError::into_inner);
+    if connected.len() >= MAX_WATCHERS {
         return;
     }
-    if stream.set_nonblocking(true).is_err() || stream.write_all(GREETING.as_bytes()).is_err() {
+    if stream.set_nonblocking(true).is_err() || (&stream).write_all(GREETING.as_bytes()).is_err() {
         return;
     }
-    streams.push(stream);
+    connected.streams.push(Arc::new(stream));
 }
 
 /// A watcher's side: what the daemon tells.
@@ -142,6 +389,37 @@ pub enum Next {
     /// The deadline passed first.
     TimedOut,
     /// The daemon stopped, or let this watcher go: follow the journal file.
+    Gone,
+}
+
+/// A piece of what the daemon says to a watcher.
+#[derive(Debug)]
+enum Piece {
+    Appended(Appended),
+    Delivering,
+    Refused(String),
+    Returned(Returned),
+}
+
+/// How handing the output over went.
+#[derive(Debug)]
+pub enum Handed {
+    /// The daemon prints now: wait for [`Told::wait_return`].
+    Delivering,
+    /// It does not, and why; with what it told before it said so.
+    Refused(String, Vec<Appended>),
+    /// It stopped: follow the journal file.
+    Gone,
+}
+
+/// How the daemon stopped printing for a watch.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Returned {
+    /// It gave the output back: the watch's record says how far it printed.
+    Back,
+    /// The pipe's reader went away.
+    Closed,
+    /// The daemon stopped.
     Gone,
 }
 
@@ -214,29 +492,118 @@ impl Told {
 
     /// A whole frame from what was read, if there is one; `Err` for bytes that are none.
     fn frame(&mut self) -> Result<Option<Appended>, ()> {
+        match self.piece()? {
+            None => Ok(None),
+            Some(Piece::Appended(appended)) => Ok(Some(appended)),
+            Some(_) => Err(()),
+        }
+    }
+
+    /// A whole piece of what the daemon says, if one was read; `Err` for bytes that are none.
+    fn piece(&mut self) -> Result<Option<Piece>, ()> {
         let pending = &self.buf[self.start..];
         let Some(end) = pending.iter().position(|b| *b == b'\n') else {
             // A header is short: this much without one is not a frame.
-            return if pending.len() > 128 {
+            return if pending.len() > 512 {
                 Err(())
             } else {
                 Ok(None)
             };
         };
         let header = std::str::from_utf8(&pending[..=end]).map_err(|_| ())?;
-        let (dev, ino, from, len) = parse_header(header).ok_or(())?;
+        let (piece, len) = if header.starts_with("appended ") {
+            let (dev, ino, from, len) = parse_header(header).ok_or(())?;
+            let appended = Appended {
+                dev,
+                ino,
+                from,
+                bytes: Vec::new(),
+            };
+            (Piece::Appended(appended), len)
+        } else if header == BACK {
+            (Piece::Returned(Returned::Back), 0)
+        } else if header == CLOSED {
+            (Piece::Returned(Returned::Closed), 0)
+        } else if header == DELIVERING {
+            (Piece::Delivering, 0)
+        } else if let Some(why) = header.strip_prefix("refused ") {
+            (Piece::Refused(why.trim_end().to_owned()), 0)
+        } else {
+            return Err(());
+        };
         let len = usize::try_from(len).map_err(|_| ())?;
         let Some(bytes) = pending.get(end + 1..end + 1 + len) else {
             return Ok(None);
         };
-        let appended = Appended {
-            dev,
-            ino,
-            from,
-            bytes: bytes.to_vec(),
+        let piece = match piece {
+            Piece::Appended(appended) => Piece::Appended(Appended {
+                bytes: bytes.to_vec(),
+                ..appended
+            }),
+            other => other,
         };
         self.start += end + 1 + len;
-        Ok(Some(appended))
+        Ok(Some(piece))
+    }
+
+    /// Hand the daemon `out` (this watch's output, a pipe) to print `request`'s lines to,
+    /// keeping `record`. What it told before it answered comes back with the answer, to be
+    /// taken as told.
+    pub fn hand_over(
+        &mut self,
+        request: &Request,
+        out: std::os::fd::BorrowedFd<'_>,
+        record: &Record,
+    ) -> Handed {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        let line = request.to_line();
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut ancillary = SendAncillaryBuffer::new(&mut space);
+        let fds = [out, record.as_fd()];
+        if !ancillary.push(SendAncillaryMessage::ScmRights(&fds)) {
+            return Handed::Refused("no room to send a file descriptor".into(), Vec::new());
+        }
+        match rustix::net::sendmsg(
+            &self.stream,
+            &[std::io::IoSlice::new(line.as_bytes())],
+            &mut ancillary,
+            SendFlags::NOSIGNAL,
+        ) {
+            Ok(n) if n == line.len() => {}
+            _ => return Handed::Gone,
+        }
+        let mut told = Vec::new();
+        loop {
+            match self.piece() {
+                Ok(Some(Piece::Appended(appended))) => told.push(appended),
+                Ok(Some(Piece::Delivering)) => return Handed::Delivering,
+                Ok(Some(Piece::Refused(why))) => return Handed::Refused(why, told),
+                Err(()) | Ok(Some(Piece::Returned(_))) => return Handed::Gone,
+                Ok(None) if self.closed => return Handed::Gone,
+                Ok(None) => {
+                    if self.fill(None).is_err() {
+                        return Handed::Gone;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Once handed over: wait until the daemon gives the output back, says the pipe's
+    /// reader went away, or is gone.
+    pub fn wait_return(&mut self) -> Returned {
+        loop {
+            match self.piece() {
+                Ok(Some(Piece::Returned(returned))) => return returned,
+                Err(()) | Ok(Some(_)) => return Returned::Gone,
+                Ok(None) if self.closed => return Returned::Gone,
+                Ok(None) => {
+                    if self.fill(None).is_err() {
+                        return Returned::Gone;
+                    }
+                }
+            }
+        }
     }
 
     /// Wait up to `wait` (`None`: without end) for bytes, and read what is there. False
@@ -302,7 +669,7 @@ mod tests {
     #[test]
     fn a_watcher_is_told_every_append_after_the_greeting_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let watchers = Watchers::listen(dir.path()).unwrap();
+        let watchers = Watchers::listen(dir.path(), None).unwrap();
         let mut told = Told::connect(dir.path()).expect("the daemon greets");
         watchers.tell(&appended(0, b"{\"a\":1}\n"));
         watchers.tell(&appended(8, b"{\"b\":2}\n{\"c\":3}\n"));
@@ -327,14 +694,14 @@ mod tests {
     #[test]
     fn a_watcher_that_does_not_read_is_let_go_and_the_judge_never_waits() {
         let dir = tempfile::tempdir().unwrap();
-        let watchers = Watchers::listen(dir.path()).unwrap();
+        let watchers = Watchers::listen(dir.path(), None).unwrap();
         let mut stalled = Told::connect(dir.path()).unwrap();
         let big = appended(0, &vec![b'x'; 64 << 10]);
         // Far more than a socket holds: each tell returns at once.
         for _ in 0..64 {
             watchers.tell(&big);
         }
-        assert!(watchers.streams.lock().unwrap().is_empty());
+        assert!(watchers.connected.lock().unwrap().streams.is_empty());
         // What it was told before it was let go is whole; then it is told it is gone.
         let mut frames = 0;
         loop {
@@ -357,7 +724,7 @@ mod tests {
         let stale = UnixListener::bind(dir.path().join(SOCKET)).unwrap();
         drop(stale);
         assert!(Told::connect(dir.path()).is_none());
-        let _watchers = Watchers::listen(dir.path()).unwrap();
+        let _watchers = Watchers::listen(dir.path(), None).unwrap();
         assert!(Told::connect(dir.path()).is_some());
         assert_eq!(parse_header("appended 1 2 3 4\n"), Some((1, 2, 3, 4)));
         for bad in [
