@@ -82,35 +82,11 @@ fn a_watcher_that_stops_reading_is_let_go_and_misses_nothing() {
     let mut watch = WatchChild::spawn_with(&bridge, "web", &["--keep-output"]);
     // Nobody reads what it prints: its pipe fills, it stops reading the socket, the
     // daemon's writes to it fill that too.
-    let mut sent = Vec::new();
-    let mut judged = 0;
-    for batch in 0..12 {
-        let lines: String = (0..200)
-            .map(|n| {
-                let id = format!("01B{batch:02}N{n:03}");
-                let line = note(&id);
-                sent.push(id);
-                line
-            })
-            .collect();
-        bridge.append_raw("web", lines.as_bytes());
-        judged += 200;
-        bridge.wait_for(PATIENCE, "the batch judged", |b| {
-            b.verdict_count() >= judged
-        });
-    }
+    let sent = send_batches(&bridge, "01B");
     daemon.expect_stderr("a watcher that does not keep up is let go", PATIENCE);
     // Now it is read: everything, once, in order, the rest from the journal file.
     let mut lines = BufReader::new(watch.0.stdout.take().unwrap()).lines();
-    let printed: Vec<String> = sent
-        .iter()
-        .map(|_| {
-            let value: serde_json::Value =
-                serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-            value["envelope"]["id"].as_str().unwrap().to_owned()
-        })
-        .collect();
-    assert_eq!(printed, sent);
+    assert_eq!(ids_from(&mut lines, sent.len()), sent);
     // And it goes on: a line sent now is printed next.
     bridge.append_raw("web", note("01AFTERWARDS").as_bytes());
     let value: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
@@ -570,6 +546,27 @@ fn a_watch_woken_while_its_inbox_is_cut_in_place_repeats_nothing_another_reader_
 /// The daemon says so when it takes a watch's output over.
 const DELIVERING: &str = "the daemon prints for a watch of the agent";
 
+/// 12 batches of 200 notes to web, each judged before the next is sent: the ids, in order.
+fn send_batches(bridge: &Bridge, prefix: &str) -> Vec<String> {
+    let mut sent = Vec::new();
+    for batch in 0..12 {
+        let lines: String = (0..200)
+            .map(|n| {
+                let id = format!("{prefix}{batch:02}N{n:03}");
+                let line = note(&id);
+                sent.push(id);
+                line
+            })
+            .collect();
+        bridge.append_raw("web", lines.as_bytes());
+        let judged = sent.len();
+        bridge.wait_for(PATIENCE, "the batch judged", |b| {
+            b.verdict_count() >= judged
+        });
+    }
+    sent
+}
+
 /// The ids read from `lines`, `count` of them.
 fn ids_from(
     lines: &mut impl Iterator<Item = std::io::Result<String>>,
@@ -642,23 +639,7 @@ fn a_pipe_that_fills_while_the_daemon_prints_misses_nothing_and_holds_nothing() 
     daemon.expect_stderr(DELIVERING, PATIENCE);
     // The watch sleeps throughout: only the daemon prints.
     signal(watch.0.id(), "STOP");
-    let mut sent = Vec::new();
-    let mut judged = 0;
-    for batch in 0..12 {
-        let lines: String = (0..200)
-            .map(|n| {
-                let id = format!("01P{batch:02}N{n:03}");
-                let line = note(&id);
-                sent.push(id);
-                line
-            })
-            .collect();
-        bridge.append_raw("web", lines.as_bytes());
-        judged += 200;
-        bridge.wait_for(PATIENCE, "the batch judged", |b| {
-            b.verdict_count() >= judged
-        });
-    }
+    let sent = send_batches(&bridge, "01P");
     let mut lines = BufReader::new(watch.0.stdout.take().unwrap()).lines();
     assert_eq!(ids_from(&mut lines, sent.len()), sent);
     bridge.append_raw("web", note("01PAFTER").as_bytes());
