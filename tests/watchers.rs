@@ -82,7 +82,7 @@ fn a_watcher_that_stops_reading_is_let_go_and_misses_nothing() {
     let mut watch = WatchChild::spawn_with(&bridge, "web", &["--keep-output"]);
     // Nobody reads what it prints: its pipe fills, it stops reading the socket, the
     // daemon's writes to it fill that too.
-    let sent = send_batches(&bridge, "01B");
+    let sent = send_batches(&bridge, "01B", 12);
     daemon.expect_stderr("a watcher that does not keep up is let go", PATIENCE);
     // Now it is read: everything, once, in order, the rest from the journal file.
     let mut lines = BufReader::new(watch.0.stdout.take().unwrap()).lines();
@@ -257,11 +257,14 @@ fn a_cursor_move_makes_no_event_beside_the_inboxes_but_its_rename() {
     let cursor = bridge.dir().join("web-inbox.cursor");
     let mut about_cursor = Vec::new();
     let mut moves = 0;
+    let mut seen = Vec::new();
     while moves < 3 {
-        let event = events
-            .recv_timeout(PATIENCE)
-            .expect("the cursor was moved")
-            .unwrap();
+        let Ok(event) = events.recv_timeout(PATIENCE) else {
+            let log = std::fs::read_to_string(bridge.dir().join(".doorbell/reads/web.jsonl"));
+            panic!("the cursor was moved {moves} times of 3; events: {seen:?}; read log: {log:?}");
+        };
+        let event = event.unwrap();
+        seen.push(format!("{:?} {:?}", event.kind, event.paths));
         let renamed = matches!(
             event.kind,
             notify::EventKind::Modify(notify::event::ModifyKind::Name(_))
@@ -546,10 +549,11 @@ fn a_watch_woken_while_its_inbox_is_cut_in_place_repeats_nothing_another_reader_
 /// The daemon says so when it takes a watch's output over.
 const DELIVERING: &str = "the daemon prints for a watch of the agent";
 
-/// 12 batches of 200 notes to web, each judged before the next is sent: the ids, in order.
-fn send_batches(bridge: &Bridge, prefix: &str) -> Vec<String> {
+/// `batches` batches of 200 notes to web, each judged before the next is sent: the ids, in
+/// order.
+fn send_batches(bridge: &Bridge, prefix: &str, batches: usize) -> Vec<String> {
     let mut sent = Vec::new();
-    for batch in 0..12 {
+    for batch in 0..batches {
         let lines: String = (0..200)
             .map(|n| {
                 let id = format!("{prefix}{batch:02}N{n:03}");
@@ -590,6 +594,19 @@ fn a_watch_hands_its_pipe_to_the_daemon_and_takes_it_back_when_the_daemon_dies()
     let mut daemon = Daemon::start(&bridge, &[]);
     let watch = Watch::start(&bridge, "web");
     daemon.expect_stderr(DELIVERING, PATIENCE);
+    // The daemon writes without blocking on a file description of its own: the watch's
+    // stdout (and any other writer's to that pipe) blocks as it did.
+    let fdinfo = std::fs::read_to_string(format!("/proc/{}/fdinfo/1", watch.id())).unwrap();
+    let flags = fdinfo
+        .lines()
+        .find_map(|line| line.strip_prefix("flags:"))
+        .map(|flags| u32::from_str_radix(flags.trim(), 8).unwrap())
+        .unwrap();
+    assert_eq!(
+        flags & 0o4000,
+        0,
+        "O_NONBLOCK on the watch's stdout: {fdinfo}"
+    );
     signal(watch.id(), "STOP");
     let mut printed = Vec::new();
     for id in ["01HANDEDONE", "01HANDEDTWO"] {
@@ -639,7 +656,8 @@ fn a_pipe_that_fills_while_the_daemon_prints_misses_nothing_and_holds_nothing() 
     daemon.expect_stderr(DELIVERING, PATIENCE);
     // The watch sleeps throughout: only the daemon prints.
     signal(watch.0.id(), "STOP");
-    let sent = send_batches(&bridge, "01P");
+    // Far more than the pipe holds (the daemon asks for 1 MiB).
+    let sent = send_batches(&bridge, "01P", 40);
     let mut lines = BufReader::new(watch.0.stdout.take().unwrap()).lines();
     assert_eq!(ids_from(&mut lines, sent.len()), sent);
     bridge.append_raw("web", note("01PAFTER").as_bytes());

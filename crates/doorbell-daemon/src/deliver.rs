@@ -3,17 +3,18 @@
 //! of the agent's inbox to it as soon as it is journaled, and moves the agent's cursor after
 //! the write, as the watch would have — one process woken per message instead of two.
 //!
-//! How far the printing got is kept in a small memory file the watch sends with its output
-//! (a [`Record`]): written right after each write to the pipe, it outlives the daemon, so a
-//! watch whose daemon was killed carries on from there and repeats nothing the daemon
-//! printed — unless the daemon died between a write and its record, microseconds apart.
+//! The lines go to the pipe through a small memory file the watch sends with its output (a
+//! [`Record`]), whose file position the kernel moves in the same call that moves the bytes:
+//! it outlives the daemon, so a watch whose daemon was killed at any instant knows exactly
+//! what reached the pipe, and repeats nothing.
 //!
 //! The watch waits on its socket meanwhile. Whatever the daemon cannot do as the watch
 //! would, it hands back: another reader is in its turn, the inbox is another file or
 //! another generation, it changed in place under the judge, or a file could not be read.
 //! The watch then prints from where the daemon stopped, as before, and may hand its output
 //! over again later. A consumer that does not keep up never holds the judge: the pipe is
-//! written without blocking, and what does not fit waits for the pipe to take more (the
+//! written without blocking (`SPLICE_F_NONBLOCK`; its flags, shared with the watch, are left
+//! alone), and what does not fit waits for the pipe to take more (the
 //! reading stays held meanwhile, as it would by a watch blocked in its write).
 
 use std::fs::File;
@@ -89,19 +90,41 @@ pub struct Printed {
     pub rest: Vec<u8>,
 }
 
-/// A watch's record of [`Printed`]: a memory file (`memfd`) both hold. Its first 32 bytes
-/// say `printed_to`, `upto`, the length of `rest` and which of two places holds `rest`; the
-/// place not named is written first, then the header in one write of its page, so a daemon
-/// killed at any instant leaves the old record or the new one, never a mix.
+/// A watch's record of what the daemon printed for it: a memory file (`memfd`) both hold,
+/// through which every byte goes to the pipe. The daemon writes a batch of lines into it
+/// (never over bytes not yet sent: the pipe may hold its pages), then names the batch in
+/// the header — where it lies, and the inbox offsets before and after it — and then
+/// `splice`s it from the file's own position into the pipe. The kernel moves that
+/// position in the same call that moves the bytes, and the position is shared with the
+/// watch: whenever the daemon dies, what reached the pipe is exactly what lies before it.
 #[derive(Debug)]
 pub struct Record {
     file: File,
-    slot: u64,
+    /// Where the batch named in the header begins and ends in the file, and where the
+    /// file's position stands (the next byte to send).
+    start: u64,
+    end: u64,
+    pos: u64,
 }
 
+/// The pipe's size asked for (what an unprivileged process may: `fs.pipe-max-size`).
+const PIPE_SIZE: usize = 1 << 20;
+
 const HEADER: usize = 32;
-const SLOT_BASE: u64 = 4096;
-const SLOT_SPAN: u64 = 1 << 32;
+const DATA: u64 = 4096;
+/// Past this much sent, the file starts over at `DATA` (the pages sent are let go).
+const START_OVER: u64 = 1 << 20;
+
+/// How a send went.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Sent {
+    All,
+    /// The pipe is full; the rest waits.
+    Part,
+    /// The pipe's reader went away.
+    Closed,
+    Failed(String),
+}
 
 impl Record {
     /// A new record, saying that the lines before `printed_to` are printed.
@@ -110,15 +133,15 @@ impl Record {
             "doorbell-watch",
             rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
         )?;
-        let mut record = Record {
-            file: File::from(fd),
-            slot: 0,
+        let file = File::from(fd);
+        rustix::fs::seek(&file, rustix::fs::SeekFrom::Start(DATA))?;
+        let record = Record {
+            file,
+            start: DATA,
+            end: DATA,
+            pos: DATA,
         };
-        record.save(&Printed {
-            printed_to,
-            upto: printed_to,
-            rest: Vec::new(),
-        })?;
+        record.name_batch(printed_to, printed_to)?;
         Ok(record)
     }
 
@@ -127,63 +150,115 @@ impl Record {
         if rustix::fs::fcntl_get_seals(&fd).is_err() {
             return Err("the record is not a memory file".into());
         }
-        let mut record = Record {
-            file: File::from(fd),
-            slot: 0,
-        };
-        record.slot = record.header().map_err(|e| e.to_string())?[3];
-        Ok(record)
+        let file = File::from(fd);
+        let [start, end, _, _] = header(&file).map_err(|e| e.to_string())?;
+        let pos =
+            rustix::fs::seek(&file, rustix::fs::SeekFrom::Current(0)).map_err(|e| e.to_string())?;
+        if start != end || pos != end {
+            return Err("the record holds lines not sent".into());
+        }
+        Ok(Record {
+            file,
+            start,
+            end,
+            pos,
+        })
     }
 
-    fn header(&self) -> std::io::Result<[u64; 4]> {
+    /// Write the header: the batch between `start` and `end` takes the printing from
+    /// `before` to `after`. One write within one page: the old header or the new one.
+    fn name_batch(&self, before: u64, after: u64) -> std::io::Result<()> {
         let mut bytes = [0u8; HEADER];
-        self.file.read_exact_at(&mut bytes, 0)?;
-        let mut words = [0u64; 4];
-        for (word, bytes) in words.iter_mut().zip(bytes.chunks_exact(8)) {
-            *word = u64::from_le_bytes(bytes.try_into().expect("eight bytes"));
-        }
-        Ok(words)
-    }
-
-    pub fn save(&mut self, printed: &Printed) -> std::io::Result<()> {
-        let slot = 1 - (self.slot & 1);
-        let len = printed.rest.len() as u64;
-        if len >= SLOT_SPAN - SLOT_BASE {
-            return Err(std::io::Error::other(
-                "too much begun in the pipe to record",
-            ));
-        }
-        if len > 0 {
-            self.file
-                .write_all_at(&printed.rest, SLOT_BASE + slot * SLOT_SPAN)?;
-        }
-        let mut header = [0u8; HEADER];
-        for (bytes, word) in
-            header
-                .chunks_exact_mut(8)
-                .zip([printed.printed_to, printed.upto, len, slot])
+        for (bytes, word) in bytes
+            .chunks_exact_mut(8)
+            .zip([self.start, self.end, before, after])
         {
             bytes.copy_from_slice(&word.to_le_bytes());
         }
-        self.file.write_all_at(&header, 0)?;
-        self.slot = slot;
-        Ok(())
+        self.file.write_all_at(&bytes, 0)
     }
 
+    /// Put `lines`, which take the printing from `before` to `after`, next in line; the
+    /// last batch was all sent.
+    pub fn put(&mut self, lines: &[u8], before: u64, after: u64) -> std::io::Result<()> {
+        debug_assert_eq!(self.pos, self.end);
+        if self.end - DATA >= START_OVER {
+            // Everything sent: say so where the position will stand, then move it there.
+            self.start = DATA;
+            self.end = DATA;
+            self.name_batch(before, before)?;
+            let sent = self.pos - DATA;
+            rustix::fs::fallocate(
+                &self.file,
+                rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+                DATA,
+                sent,
+            )?;
+            rustix::fs::seek(&self.file, rustix::fs::SeekFrom::Start(DATA))?;
+            self.pos = DATA;
+        }
+        self.file.write_all_at(lines, self.end)?;
+        self.start = self.end;
+        self.end += lines.len() as u64;
+        self.name_batch(before, after)
+    }
+
+    /// Send what is not sent yet into `pipe`, without waiting for room.
+    pub fn send(&mut self, pipe: &File) -> Sent {
+        use rustix::pipe::SpliceFlags;
+        while self.pos < self.end {
+            let len = usize::try_from(self.end - self.pos).unwrap_or(usize::MAX);
+            match rustix::pipe::splice(&self.file, None, pipe, None, len, SpliceFlags::NONBLOCK) {
+                Ok(0) => return Sent::Failed("the record ended early".into()),
+                Ok(n) => self.pos += n as u64,
+                Err(rustix::io::Errno::AGAIN) => return Sent::Part,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(rustix::io::Errno::PIPE) => return Sent::Closed,
+                Err(e) => return Sent::Failed(format!("writing to the watch's output: {e}")),
+            }
+        }
+        Sent::All
+    }
+
+    /// What reached the pipe, as the watch reads it once the daemon is done or gone.
     pub fn load(&self) -> std::io::Result<Printed> {
-        let [printed_to, upto, len, slot] = self.header()?;
-        if slot > 1 || len >= SLOT_SPAN - SLOT_BASE || upto < printed_to {
+        let [start, end, before, after] = header(&self.file)?;
+        let pos = rustix::fs::seek(&self.file, rustix::fs::SeekFrom::Current(0))?;
+        if start > end || after < before {
             return Err(std::io::Error::other("a damaged watch record"));
         }
-        let mut rest = vec![0; usize::try_from(len).map_err(std::io::Error::other)?];
-        self.file
-            .read_exact_at(&mut rest, SLOT_BASE + slot * SLOT_SPAN)?;
-        Ok(Printed {
-            printed_to,
-            upto,
-            rest,
+        Ok(if pos >= end {
+            Printed {
+                printed_to: after,
+                upto: after,
+                rest: Vec::new(),
+            }
+        } else if pos <= start {
+            Printed {
+                printed_to: before,
+                upto: before,
+                rest: Vec::new(),
+            }
+        } else {
+            let mut rest = vec![0; usize::try_from(end - pos).map_err(std::io::Error::other)?];
+            self.file.read_exact_at(&mut rest, pos)?;
+            Printed {
+                printed_to: before,
+                upto: after,
+                rest,
+            }
         })
     }
+}
+
+fn header(file: &File) -> std::io::Result<[u64; 4]> {
+    let mut bytes = [0u8; HEADER];
+    file.read_exact_at(&mut bytes, 0)?;
+    let mut words = [0u64; 4];
+    for (word, bytes) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+        *word = u64::from_le_bytes(bytes.try_into().expect("eight bytes"));
+    }
+    Ok(words)
 }
 
 impl std::os::fd::AsFd for Record {
@@ -192,11 +267,11 @@ impl std::os::fd::AsFd for Record {
     }
 }
 
-/// Lines the pipe did not take whole: the rest of them, the offset they end the printing
-/// at, and the reading held until they are out (the cursor has not moved past them).
+/// Lines the pipe did not take whole (the rest waits in the record): the offset they end
+/// the printing at, and the reading held until they are out (the cursor has not moved
+/// past them).
 #[derive(Debug)]
 struct Pending {
-    rest: Vec<u8>,
     upto: u64,
     _turn: Taken,
 }
@@ -274,9 +349,9 @@ impl Delivery {
         {
             return Err("the inbox is not the file the watch read".into());
         }
-        let flags = rustix::fs::fcntl_getfl(&out).map_err(|e| e.to_string())?;
-        rustix::fs::fcntl_setfl(&out, flags | rustix::fs::OFlags::NONBLOCK)
-            .map_err(|e| e.to_string())?;
+        // Each step's lines take a slot of the pipe of their own (a page spliced in is not
+        // merged with the next): more slots, so that a burst does not fill the pipe.
+        let _ = rustix::pipe::fcntl_setpipe_size(&out, PIPE_SIZE);
         Ok(Delivery {
             conn,
             out: Arc::new(out),
@@ -317,27 +392,24 @@ impl Delivery {
     /// The pipe takes more: write what waited, then what came meanwhile.
     pub fn resume(&mut self, bridge: &Bridge) -> Outcome {
         self.stalled = false;
-        if let Some(mut pending) = self.pending.take() {
-            match self.write(&pending.rest) {
-                Wrote::All => {}
-                Wrote::Part(n) => {
-                    pending.rest.drain(..n);
-                    let saved = self.begun(&pending);
+        if let Some(pending) = self.pending.take() {
+            match self.record.send(&self.out) {
+                Sent::All => {}
+                Sent::Part => {
                     self.pending = Some(pending);
                     self.stalled = true;
-                    return saved.map_or_else(Outcome::Back, |()| Outcome::Going);
+                    return Outcome::Going;
                 }
-                Wrote::Closed => return Outcome::Closed,
-                Wrote::Failed(e) => {
+                Sent::Closed => return Outcome::Closed,
+                Sent::Failed(e) => {
                     self.pending = Some(pending);
                     return Outcome::Back(e);
                 }
             }
+            // The reading held since the lines were begun is let go here.
             if let Err(e) = self.advance(bridge, pending.upto) {
                 return Outcome::Back(e);
             }
-            // The reading held since the lines were begun is let go here.
-            drop(pending);
         }
         self.step(bridge)
     }
@@ -391,64 +463,37 @@ impl Delivery {
                 return Err(e);
             }
         };
-        let wrote = if lines.is_empty() {
-            Wrote::All
-        } else {
-            self.write(&lines)
-        };
-        let outcome = match wrote {
-            Wrote::All => {
+        if upto == self.printed_to {
+            self.lines = lines;
+            return Ok(Outcome::Going);
+        }
+        let put = self.record.put(&lines, self.printed_to, upto);
+        self.lines = lines;
+        put.map_err(|e| format!("recording what is printed: {e}"))?;
+        Ok(match self.record.send(&self.out) {
+            Sent::All => {
                 // Moved in the reading, then let go: no other reader shows these lines.
                 let moved = self.advance(bridge, upto);
                 drop(turn);
                 moved?;
                 Outcome::Going
             }
-            Wrote::Part(0) => {
-                // Nothing went in: print again, from the cursor, once the pipe takes more.
+            Sent::Part => {
+                self.pending = Some(Pending { upto, _turn: turn });
                 self.stalled = true;
                 Outcome::Going
             }
-            Wrote::Part(n) => {
-                let pending = Pending {
-                    rest: lines[n..].to_vec(),
-                    upto,
-                    _turn: turn,
-                };
-                let saved = self.begun(&pending);
-                self.pending = Some(pending);
-                self.stalled = true;
-                saved.map_or_else(Outcome::Back, |()| Outcome::Going)
+            Sent::Closed => Outcome::Closed,
+            Sent::Failed(e) => {
+                self.pending = Some(Pending { upto, _turn: turn });
+                Outcome::Back(e)
             }
-            Wrote::Closed => Outcome::Closed,
-            Wrote::Failed(e) => Outcome::Back(e),
-        };
-        self.lines = lines;
-        Ok(outcome)
+        })
     }
 
-    /// Record lines begun in the pipe, before anything else happens.
-    fn begun(&mut self, pending: &Pending) -> Result<(), String> {
-        self.record
-            .save(&Printed {
-                printed_to: self.printed_to,
-                upto: pending.upto,
-                rest: pending.rest.clone(),
-            })
-            .map_err(|e| format!("recording what was printed: {e}"))
-    }
-
-    /// Move the cursor to `upto` once the lines before it are out: recorded for the watch
-    /// first, right after the write.
+    /// Move the cursor to `upto` once the lines before it are out.
     fn advance(&mut self, bridge: &Bridge, upto: u64) -> Result<(), String> {
         if upto > self.printed_to {
-            self.record
-                .save(&Printed {
-                    printed_to: upto,
-                    upto,
-                    rest: Vec::new(),
-                })
-                .map_err(|e| format!("recording what was printed: {e}"))?;
             let file = (self.identity, self.gen);
             self.keeper
                 .advance(bridge, &self.inbox, file, upto, "watch")
@@ -458,22 +503,8 @@ impl Delivery {
         Ok(())
     }
 
-    fn write(&self, bytes: &[u8]) -> Wrote {
-        let mut out = &*self.out;
-        match out.write(bytes) {
-            Ok(n) if n == bytes.len() => Wrote::All,
-            Ok(n) => Wrote::Part(n),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Wrote::Part(0),
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Wrote::Closed,
-            Err(e) => Wrote::Failed(format!("writing to the watch's output: {e}")),
-        }
-    }
-
-    /// Tell the watch how this ended, and give its output back as it was (blocking).
+    /// Tell the watch how this ended: its output is its own again.
     pub fn end(self, outcome: &Outcome) {
-        if let Ok(flags) = rustix::fs::fcntl_getfl(&*self.out) {
-            let _ = rustix::fs::fcntl_setfl(&*self.out, flags - rustix::fs::OFlags::NONBLOCK);
-        }
         let said = match outcome {
             Outcome::Closed => CLOSED,
             Outcome::Going | Outcome::Back(_) => BACK,
@@ -490,43 +521,56 @@ impl Delivery {
     }
 }
 
-enum Wrote {
-    All,
-    Part(usize),
-    Closed,
-    Failed(String),
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_record_reads_back_the_last_save_whole_and_only_a_memory_file_is_one() {
+    fn a_record_says_exactly_what_reached_the_pipe_and_only_a_memory_file_is_one() {
+        use std::io::Read;
+        let printed = |printed_to, upto, rest: &[u8]| Printed {
+            printed_to,
+            upto,
+            rest: rest.to_vec(),
+        };
         let mut record = Record::create(10).unwrap();
-        let received = Record::received(record.file.try_clone().unwrap().into()).unwrap();
-        assert_eq!(
-            received.load().unwrap(),
-            Printed {
-                printed_to: 10,
-                upto: 10,
-                rest: Vec::new()
-            }
-        );
-        // A long rest, then a shorter one in the other place: the header names which.
-        for (upto, rest) in [
-            (90, vec![b'a'; 5000]),
-            (95, b"bc\n".to_vec()),
-            (95, Vec::new()),
-        ] {
-            let printed = Printed {
-                printed_to: 20,
-                upto,
-                rest,
-            };
-            record.save(&printed).unwrap();
-            assert_eq!(received.load().unwrap(), printed);
+        // The watch's copy: the same file, the same position.
+        let watch = Record::received(record.file.try_clone().unwrap().into()).unwrap();
+        assert_eq!(watch.load().unwrap(), printed(10, 10, b""));
+        let (reader, writer) = rustix::pipe::pipe().unwrap();
+        let (mut reader, writer) = (File::from(reader), File::from(writer));
+        rustix::pipe::fcntl_setpipe_size(&writer, 16384).unwrap();
+
+        record.put(b"one\n", 10, 20).unwrap();
+        assert_eq!(watch.load().unwrap(), printed(10, 10, b""), "not sent yet");
+        assert_eq!(record.send(&writer), Sent::All);
+        assert_eq!(watch.load().unwrap(), printed(20, 20, b""));
+
+        // More than the pipe holds: what did not go in is the rest.
+        let mut big = vec![b'x'; 40_000];
+        big.push(b'\n');
+        record.put(&big, 20, 30).unwrap();
+        assert_eq!(record.send(&writer), Sent::Part);
+        let loaded = watch.load().unwrap();
+        assert_eq!((loaded.printed_to, loaded.upto), (20, 30));
+        let mut got = vec![0; 4096];
+        let n = reader.read(&mut got).unwrap();
+        got.truncate(n);
+        assert!(!loaded.rest.is_empty() && big.ends_with(&loaded.rest));
+        // Drained, the rest goes in, and the record says so.
+        let mut all = got;
+        while record.send(&writer) == Sent::Part {
+            let mut more = vec![0; 4096];
+            let n = reader.read(&mut more).unwrap();
+            all.extend_from_slice(&more[..n]);
         }
+        assert_eq!(watch.load().unwrap(), printed(30, 30, b""));
+        drop(writer);
+        reader.read_to_end(&mut all).unwrap();
+        let mut expected = b"one\n".to_vec();
+        expected.extend_from_slice(&big);
+        assert_eq!(all, expected);
+
         let plain = tempfile::tempfile().unwrap();
         assert!(Record::received(plain.into()).is_err());
     }
