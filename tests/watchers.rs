@@ -665,6 +665,54 @@ fn a_pipe_that_fills_while_the_daemon_prints_misses_nothing_and_holds_nothing() 
     signal(watch.0.id(), "CONT");
 }
 
+/// A note from design to web whose text is `text_bytes` long.
+fn long_note(id: &str, text_bytes: usize) -> String {
+    let text = "x".repeat(text_bytes);
+    format!(
+        r#"{{"id":"{id}","from":"design","to":"web","kind":"note","createdAt":"2026-11-29T10:00:00Z","message":{{"role":"agent","parts":[{{"type":"text","text":"{text}"}}]}}}}"#
+    ) + "\n"
+}
+
+/// The pipe holds the pages the daemon printed from until they are read: a reader that
+/// falls a pipe's worth behind, over megabytes, still reads every line whole and in order.
+#[test]
+fn a_reader_a_pipe_behind_reads_every_line_whole_across_megabytes() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let mut watch = WatchChild::spawn(&bridge, "web");
+    daemon.expect_stderr(DELIVERING, PATIENCE);
+    let mut lines = BufReader::new(watch.0.stdout.take().unwrap()).lines();
+    let mut read = |count: usize, got: &mut Vec<String>| {
+        for _ in 0..count {
+            let line = lines.next().expect("a line").expect("UTF-8");
+            let value: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| {
+                panic!(
+                    "{e}: a line printed damaged: {}",
+                    &line[..line.len().min(300)]
+                )
+            });
+            got.push(value["envelope"]["id"].as_str().unwrap().to_owned());
+        }
+    };
+    let (mut sent, mut got) = (Vec::new(), Vec::new());
+    // 2,400 lines of 2 KB: the reader falls 80 KB further behind with each batch, until the
+    // pipe is full, and stays there.
+    for batch in 0..24 {
+        let text: String = (0..100)
+            .map(|n| {
+                let id = format!("01W{batch:02}N{n:03}");
+                let line = long_note(&id, 2000);
+                sent.push(id);
+                line
+            })
+            .collect();
+        bridge.append_raw("web", text.as_bytes());
+        read(60, &mut got);
+    }
+    read(sent.len() - got.len(), &mut got);
+    assert_eq!(got, sent);
+}
+
 /// The watch killed while the daemon prints for it: the daemon lets the pipe go, so its
 /// reader sees the end, as it would have without the daemon.
 #[test]

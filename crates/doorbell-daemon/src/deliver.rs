@@ -91,12 +91,17 @@ pub struct Printed {
 }
 
 /// A watch's record of what the daemon printed for it: a memory file (`memfd`) both hold,
-/// through which every byte goes to the pipe. The daemon writes a batch of lines into it
-/// (never over bytes not yet sent: the pipe may hold its pages), then names the batch in
-/// the header — where it lies, and the inbox offsets before and after it — and then
-/// `splice`s it from the file's own position into the pipe. The kernel moves that
-/// position in the same call that moves the bytes, and the position is shared with the
-/// watch: whenever the daemon dies, what reached the pipe is exactly what lies before it.
+/// through which every byte goes to the pipe. The daemon writes a batch of lines into it,
+/// then names the batch in the header — where it lies, and the inbox offsets before and
+/// after it — and then `splice`s it from the file's own position into the pipe. The kernel
+/// moves that position in the same call that moves the bytes, and the position is shared
+/// with the watch: whenever the daemon dies, what reached the pipe is exactly what lies
+/// before it.
+///
+/// A splice puts the file's pages themselves into the pipe, and a reader (or whatever it
+/// splices them on to) may hold them long after: nothing is ever written twice at an
+/// offset, and the pages behind the position are let go only whole, in blocks no page of
+/// the file straddles. A page taken out of the file stays, as it is, in the pipe.
 #[derive(Debug)]
 pub struct Record {
     file: File,
@@ -105,15 +110,20 @@ pub struct Record {
     start: u64,
     end: u64,
     pos: u64,
+    /// The pages before this offset (past the header's) are let go.
+    let_go: u64,
 }
 
 /// The pipe's size asked for (what an unprivileged process may: `fs.pipe-max-size`).
 const PIPE_SIZE: usize = 1 << 20;
 
 const HEADER: usize = 32;
-const DATA: u64 = 4096;
-/// Past this much sent, the file starts over at `DATA` (the pages sent are let go).
-const START_OVER: u64 = 1 << 20;
+/// The pages behind the position are let go in blocks of this size, on its multiples: the
+/// largest page a memory file may be made of (a huge page), so that no page is ever cut in
+/// two, which would clear the part let go in place, under the pipe.
+const LET_GO: u64 = 2 << 20;
+/// The lines begin in the block after the header's (a hole until then).
+const DATA: u64 = LET_GO;
 
 /// How a send went.
 #[derive(Debug, PartialEq, Eq)]
@@ -140,6 +150,7 @@ impl Record {
             start: DATA,
             end: DATA,
             pos: DATA,
+            let_go: 0,
         };
         record.name_batch(printed_to, printed_to)?;
         Ok(record)
@@ -157,11 +168,13 @@ impl Record {
         if start != end || pos != end {
             return Err("the record holds lines not sent".into());
         }
+        // What an earlier daemon let go is let go again: a hole punched twice is one hole.
         Ok(Record {
             file,
             start,
             end,
             pos,
+            let_go: 0,
         })
     }
 
@@ -182,20 +195,16 @@ impl Record {
     /// last batch was all sent.
     pub fn put(&mut self, lines: &[u8], before: u64, after: u64) -> std::io::Result<()> {
         debug_assert_eq!(self.pos, self.end);
-        if self.end - DATA >= START_OVER {
-            // Everything sent: say so where the position will stand, then move it there.
-            self.start = DATA;
-            self.end = DATA;
-            self.name_batch(before, before)?;
-            let sent = self.pos - DATA;
+        let sent = self.pos / LET_GO * LET_GO;
+        if sent > self.let_go.max(DATA) {
+            let from = self.let_go.max(DATA);
             rustix::fs::fallocate(
                 &self.file,
                 rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
-                DATA,
-                sent,
+                from,
+                sent - from,
             )?;
-            rustix::fs::seek(&self.file, rustix::fs::SeekFrom::Start(DATA))?;
-            self.pos = DATA;
+            self.let_go = sent;
         }
         self.file.write_all_at(lines, self.end)?;
         self.start = self.end;
@@ -573,6 +582,39 @@ mod tests {
 
         let plain = tempfile::tempfile().unwrap();
         assert!(Record::received(plain.into()).is_err());
+    }
+
+    /// The pipe holds the record's pages until they are read: with the reader a pipe's
+    /// worth behind over several blocks let go, every byte reads back as it was put.
+    #[test]
+    fn pages_the_pipe_still_holds_are_never_written_over() {
+        use std::io::Read;
+        let mut record = Record::create(0).unwrap();
+        let (reader, writer) = rustix::pipe::pipe().unwrap();
+        let (mut reader, writer) = (File::from(reader), File::from(writer));
+        rustix::pipe::fcntl_setpipe_size(&writer, 1 << 20).unwrap();
+        let (mut put, mut got) = (Vec::new(), Vec::new());
+        let mut read = |got: &mut Vec<u8>, len: usize| {
+            let mut buf = vec![0; len];
+            let n = reader.read(&mut buf).unwrap();
+            got.extend_from_slice(&buf[..n]);
+        };
+        for batch in 0..400u64 {
+            // Batches that end inside a page, each byte telling where it was put.
+            let lines: Vec<u8> = (0..20_011u64)
+                .map(|n| u8::try_from((batch * 7 + n) % 251).unwrap())
+                .collect();
+            record.put(&lines, batch, batch + 1).unwrap();
+            put.extend_from_slice(&lines);
+            while record.send(&writer) == Sent::Part {
+                read(&mut got, 16_384);
+            }
+            read(&mut got, 12_000);
+        }
+        drop(writer);
+        reader.read_to_end(&mut got).unwrap();
+        assert!(put.len() as u64 > 3 * LET_GO);
+        assert!(got == put, "what the pipe gave differs from what was put");
     }
 
     #[test]
