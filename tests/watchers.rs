@@ -248,10 +248,18 @@ fn a_cursor_move_makes_no_event_beside_the_inboxes_but_its_rename() {
     watcher
         .watch(&bridge.dir(), notify::RecursiveMode::NonRecursive)
         .unwrap();
-    // Three more moves: the file each move keeps open is closed by the next one.
+    // Three more moves: the file each move keeps open is closed by the next one. Each
+    // line is sent once the one before it was moved over (the read log, outside the
+    // folder watched, says so): a line printed before the last move would move with it.
     for id in ["01EVENTSTWO", "01EVENTSTHREE", "01EVENTSFOUR"] {
         bridge.append_raw("web", note(id).as_bytes());
         assert_eq!(watch.next(PATIENCE), id);
+        let end = std::fs::metadata(bridge.inbox("web")).unwrap().len();
+        crate::util::wait_for_text(
+            &bridge.dir().join(".doorbell/reads/web.jsonl"),
+            &format!("\"to\":{end},"),
+            PATIENCE,
+        );
     }
     // Every event up to the third rename of the cursor, in the order inotify gave them.
     let cursor = bridge.dir().join("web-inbox.cursor");
