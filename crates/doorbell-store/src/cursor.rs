@@ -10,8 +10,6 @@ use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Sender};
-use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
@@ -560,38 +558,14 @@ impl Keeper {
             &mut self.log,
         )?;
         if let Some(held) = written {
-            let replaced = self.known.replace(Known {
+            self.known = Some(Known {
                 held,
                 inbox: identity,
                 gen,
                 position: Position::At(offset),
             });
-            if let Some(replaced) = replaced {
-                let_go(replaced.held.file);
-            }
         }
         Ok(())
-    }
-}
-
-/// Close a cursor file that was replaced on a thread of its own. Its last descriptor closed,
-/// the file is freed, block and all, and where the file system is mounted with `discard`
-/// that waits for the disk: about a fifth of a daemon's time per message it prints for a
-/// watch, on the judge's own thread. Kept open a moment longer, it only keeps its inode
-/// number from being given to another file, which is what a held cursor is for anyway.
-fn let_go(file: File) {
-    static CLOSER: OnceLock<Option<Sender<File>>> = OnceLock::new();
-    let closer = CLOSER.get_or_init(|| {
-        let (tx, rx) = channel::<File>();
-        std::thread::Builder::new()
-            .name("cursor-close".into())
-            .spawn(move || rx.into_iter().for_each(drop))
-            .ok()
-            .map(|_| tx)
-    });
-    // Without the thread (it could not be started), closed here.
-    if let Some(closer) = closer {
-        let _ = closer.send(file);
     }
 }
 
