@@ -538,10 +538,10 @@ mod depth_tests {
 
     /// `depth` arrays one in another, with `extra` brackets inside a string beside them.
     fn nested(depth: usize, extra: usize) -> Vec<u8> {
-        let mut text = "[".repeat(depth);
-        text.push_str(&format!("\"{}\"", "[{".repeat(extra)));
-        text.push_str(&"]".repeat(depth));
-        text.into_bytes()
+        let quoted = "[{".repeat(extra);
+        [&"[".repeat(depth), "\"", &quoted, "\"", &"]".repeat(depth)]
+            .concat()
+            .into_bytes()
     }
 
     #[test]
