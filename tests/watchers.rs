@@ -721,6 +721,54 @@ fn a_reader_a_pipe_behind_reads_every_line_whole_across_megabytes() {
     assert_eq!(got, sent);
 }
 
+/// A line edited in place after it was judged, while a full pipe held it back: the daemon
+/// does not print what no longer reads as a message. It hands the pipe back, and the watch
+/// passes over the line, as it passes over every damaged line, and prints the rest.
+#[test]
+fn a_line_damaged_in_place_before_the_daemon_printed_it_is_passed_over() {
+    use std::os::unix::fs::FileExt;
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let mut watch = WatchChild::spawn(&bridge, "web");
+    daemon.expect_stderr(DELIVERING, PATIENCE);
+    // 1.6 MB with nobody reading: the pipe (1 MiB) is full, the rest waits unprinted.
+    let mut sent = Vec::new();
+    for batch in 0..8 {
+        let text: String = (0..100)
+            .map(|n| {
+                let id = format!("01F{batch:02}N{n:03}");
+                let line = long_note(&id, 2000);
+                sent.push(id);
+                line
+            })
+            .collect();
+        bridge.append_raw("web", text.as_bytes());
+    }
+    // Judged and printed as far as the pipe takes; what comes next waits for it, unread.
+    let full = sent.len();
+    bridge.wait_for(PATIENCE, "the batches judged", |b| {
+        b.verdict_count() >= full
+    });
+    let start = std::fs::metadata(bridge.inbox("web")).unwrap().len();
+    let damaged = note("01DAMAGED");
+    bridge.append_raw("web", format!("{damaged}{}", note("01LAST")).as_bytes());
+    sent.push("01LAST".into());
+    let judged = sent.len() + 1;
+    bridge.wait_for(PATIENCE, "all judged", |b| b.verdict_count() >= judged);
+    // Its first byte overwritten, in place: the same length, no longer an object.
+    let inbox = std::fs::OpenOptions::new()
+        .write(true)
+        .open(bridge.inbox("web"))
+        .unwrap();
+    inbox.write_all_at(b"x", start).unwrap();
+    drop(inbox);
+    let mut lines = BufReader::new(watch.0.stdout.take().unwrap()).lines();
+    let got = ids_from(&mut lines, sent.len());
+    assert_eq!(got, sent);
+    bridge.append_raw("web", note("01AFTER").as_bytes());
+    assert_eq!(ids_from(&mut lines, 1), ["01AFTER"]);
+}
+
 /// The watch killed while the daemon prints for it: the daemon lets the pipe go, so its
 /// reader sees the end, as it would have without the daemon.
 #[test]

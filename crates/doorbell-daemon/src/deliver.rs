@@ -27,7 +27,7 @@ use std::sync::Arc;
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor::{Keeper, Position, Taken};
 use doorbell_store::journal::Appended;
-use doorbell_store::view::{push_json_line, InboxView, Updates, View};
+use doorbell_store::view::{is_json_object, push_json_line, InboxView, Updates, View};
 use doorbell_store::Bridge;
 
 /// What a watch asks: print `agent`'s accepted lines from `printed_to` on, of the inbox file
@@ -167,6 +167,9 @@ impl Record {
             rustix::fs::seek(&file, rustix::fs::SeekFrom::Current(0)).map_err(|e| e.to_string())?;
         if start != end || pos != end {
             return Err("the record holds lines not sent".into());
+        }
+        if pos < DATA {
+            return Err("the record's lines would be written over its header".into());
         }
         // What an earlier daemon let go is let go again: a hole punched twice is one hole.
         Ok(Record {
@@ -461,13 +464,13 @@ impl Delivery {
         let agent = &self.agent;
         // The lines were judged a moment ago, as they read now unless the inbox changed in
         // place (which `describes` sees for all but an edit inside the file): they go out
-        // without being parsed again. One that no longer even looks like an object is left
-        // to the watch, which passes over it with a warning, as it does every damaged line.
+        // without being judged again, only checked to be one JSON object still (a scan that
+        // builds nothing), so that what is printed is JSON. One that is not is left to the
+        // watch, which passes over it with a warning, as it does every damaged line.
         let upto = self
             .journal
             .accepted_lines(&self.inbox, self.printed_to, |offset, bytes| {
-                let object = bytes.trim_ascii();
-                if !(object.starts_with(b"{") && object.ends_with(b"}")) {
+                if !is_json_object(bytes) {
                     return Err(std::io::Error::other(format!(
                         "the line at {offset} changed since it was judged"
                     )));

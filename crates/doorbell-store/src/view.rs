@@ -798,6 +798,14 @@ pub fn json_line(agent: &str, offset: u64, line: &[u8]) -> Result<String, std::s
     Ok(String::from_utf8(text).expect("pushed as UTF-8"))
 }
 
+/// Whether `line` is one JSON object, with nothing but blanks around it: a scan that builds
+/// nothing, for a line judged a moment ago that is only to be printed.
+#[must_use]
+pub fn is_json_object(line: &[u8]) -> bool {
+    line.trim_ascii().starts_with(b"{")
+        && serde_json::from_slice::<serde::de::IgnoredAny>(line).is_ok()
+}
+
 /// [`json_line`], added to `out`; nothing is added when the line is not UTF-8.
 pub fn push_json_line(
     out: &mut Vec<u8>,
