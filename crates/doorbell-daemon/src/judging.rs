@@ -264,6 +264,7 @@ pub fn run(
         other => other?,
     };
     judge.checkpoint()?;
+    judge.saves_give_way();
     tell(&mut judge, watchers.as_ref());
     announce(&judge, &stats, arrivals);
     ready(&Ready {

@@ -9,7 +9,9 @@
 //! says which lines were judged, so nothing is judged twice and no side effect repeated.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
 
 use crate::index::IndexWriter;
 use crate::judge::PendingCheckpoint;
@@ -84,13 +86,15 @@ pub struct Saver {
     /// own allocations for the allocator's lock (about a sixth of the judge's time in a catch-up).
     saved: Receiver<(Result<u64>, PendingCheckpoint)>,
     in_flight: bool,
+    /// Set once judging is live: the thread's next save gives way ([`yield_to_the_judge`]).
+    give_way: Arc<AtomicBool>,
 }
 
-/// The saves give way to the judge (and to the agents) whenever they contend for a core:
-/// the judge's verdicts are what someone waits for, a save only bounds a restart's replay.
+/// The saves of a live judge give way to it (and to the agents) whenever they contend for a
+/// core: its verdicts are what someone waits for, a save only bounds a restart's replay.
 /// With two cores and a burst of writers, a save running beside the judge at its own
 /// priority held the burst's lines back. A nice of 10 still gives it a tenth of a busy
-/// core, and every idle one.
+/// core, and every idle one. Not in a catch-up, where the judge waits for its saves.
 fn yield_to_the_judge() {
     // On Linux a thread's id names that thread alone to setpriority.
     let this = rustix::process::Pid::from_raw(rustix::thread::gettid().as_raw_nonzero().get());
@@ -104,13 +108,19 @@ impl Saver {
     pub fn start() -> Saver {
         let (to_save, pending) = channel::<PendingCheckpoint>();
         let (report, saved) = channel();
+        let give_way = Arc::new(AtomicBool::new(false));
+        let live = Arc::clone(&give_way);
         std::thread::Builder::new()
             .name("checkpoint".into())
             .spawn(move || {
-                yield_to_the_judge();
+                let mut yielded = false;
                 // Opened again after a failure.
                 let mut writer: Option<IndexWriter> = None;
                 for checkpoint in pending {
+                    if !yielded && live.load(Ordering::Relaxed) {
+                        yield_to_the_judge();
+                        yielded = true;
+                    }
                     let result = match writer.take() {
                         Some(w) => Ok(w),
                         None => IndexWriter::open(checkpoint.index_path()),
@@ -130,7 +140,19 @@ impl Saver {
             to_save,
             saved,
             in_flight: false,
+            give_way,
         }
+    }
+
+    /// From the next save on, the saves give way to the judge: judging is live.
+    pub fn give_way(&self) {
+        self.give_way.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the saves give way to the judge.
+    #[must_use]
+    pub fn gives_way(&self) -> bool {
+        self.give_way.load(Ordering::Relaxed)
     }
 
     /// Whether a save is still in flight; when one finished, its result (the change set

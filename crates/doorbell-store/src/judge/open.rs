@@ -371,7 +371,11 @@ impl Judge {
         if let Some(saver) = &mut self.saver {
             let _ = saver.settle();
             // Its connection may be to an index that is rebuilt now.
+            let live = saver.gives_way();
             *saver = crate::checkpoint::Saver::start();
+            if live {
+                saver.give_way();
+            }
         }
         let copy = self.journal.keeps_copy();
         self.journal.abandon();

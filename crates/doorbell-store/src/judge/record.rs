@@ -49,6 +49,14 @@ impl Judge {
             .get_or_insert_with(crate::checkpoint::Saver::start);
     }
 
+    /// Judging is live: the saves give way to the judge when they contend for a core (a
+    /// catch-up, which waits for its saves, gives them the judge's priority).
+    pub fn saves_give_way(&self) {
+        if let Some(saver) = &self.saver {
+            saver.give_way();
+        }
+    }
+
     /// Hand a checkpoint to the saving thread unless one is still being saved (false then).
     /// A save that failed is this call's error: memory no longer matches the index, and the
     /// judge must [`Judge::reload`] (the journal has everything the index missed).
