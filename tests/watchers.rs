@@ -659,9 +659,7 @@ fn a_daemon_that_stops_hands_the_pipe_back() {
 #[test]
 fn a_pipe_that_fills_while_the_daemon_prints_misses_nothing_and_holds_nothing() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
-    let mut daemon = Daemon::start(&bridge, &[]);
-    let mut watch = WatchChild::spawn(&bridge, "web");
-    daemon.expect_stderr(DELIVERING, PATIENCE);
+    let (_daemon, mut watch) = printing_for_watch(&bridge);
     // The watch sleeps throughout: only the daemon prints.
     signal(watch.0.id(), "STOP");
     // Far more than the pipe holds (the daemon asks for 1 MiB).
@@ -673,6 +671,14 @@ fn a_pipe_that_fills_while_the_daemon_prints_misses_nothing_and_holds_nothing() 
     signal(watch.0.id(), "CONT");
 }
 
+/// A daemon, and a `watch --json` of web whose pipe it prints to.
+fn printing_for_watch(bridge: &Bridge) -> (Daemon, WatchChild) {
+    let mut daemon = Daemon::start(bridge, &[]);
+    let watch = WatchChild::spawn(bridge, "web");
+    daemon.expect_stderr(DELIVERING, PATIENCE);
+    (daemon, watch)
+}
+
 /// A note from design to web whose text is `text_bytes` long.
 fn long_note(id: &str, text_bytes: usize) -> String {
     let text = "x".repeat(text_bytes);
@@ -681,14 +687,24 @@ fn long_note(id: &str, text_bytes: usize) -> String {
     ) + "\n"
 }
 
+/// A hundred notes of 2 KB, `PREFIX` `BATCH` `N` `n`, their ids added to `sent`.
+fn long_batch(prefix: &str, batch: usize, sent: &mut Vec<String>) -> String {
+    (0..100)
+        .map(|n| {
+            let id = format!("{prefix}{batch:02}N{n:03}");
+            let line = long_note(&id, 2000);
+            sent.push(id);
+            line
+        })
+        .collect()
+}
+
 /// The pipe holds the pages the daemon printed from until they are read: a reader that
 /// falls a pipe's worth behind, over megabytes, still reads every line whole and in order.
 #[test]
 fn a_reader_a_pipe_behind_reads_every_line_whole_across_megabytes() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
-    let mut daemon = Daemon::start(&bridge, &[]);
-    let mut watch = WatchChild::spawn(&bridge, "web");
-    daemon.expect_stderr(DELIVERING, PATIENCE);
+    let (_daemon, mut watch) = printing_for_watch(&bridge);
     let mut lines = BufReader::new(watch.0.stdout.take().unwrap()).lines();
     let mut read = |count: usize, got: &mut Vec<String>| {
         for _ in 0..count {
@@ -706,15 +722,7 @@ fn a_reader_a_pipe_behind_reads_every_line_whole_across_megabytes() {
     // 2,400 lines of 2 KB: the reader falls 80 KB further behind with each batch, until the
     // pipe is full, and stays there.
     for batch in 0..24 {
-        let text: String = (0..100)
-            .map(|n| {
-                let id = format!("01W{batch:02}N{n:03}");
-                let line = long_note(&id, 2000);
-                sent.push(id);
-                line
-            })
-            .collect();
-        bridge.append_raw("web", text.as_bytes());
+        bridge.append_raw("web", long_batch("01W", batch, &mut sent).as_bytes());
         read(60, &mut got);
     }
     read(sent.len() - got.len(), &mut got);
@@ -728,21 +736,11 @@ fn a_reader_a_pipe_behind_reads_every_line_whole_across_megabytes() {
 fn a_line_damaged_in_place_before_the_daemon_printed_it_is_passed_over() {
     use std::os::unix::fs::FileExt;
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
-    let mut daemon = Daemon::start(&bridge, &[]);
-    let mut watch = WatchChild::spawn(&bridge, "web");
-    daemon.expect_stderr(DELIVERING, PATIENCE);
+    let (_daemon, mut watch) = printing_for_watch(&bridge);
     // 1.6 MB with nobody reading: the pipe (1 MiB) is full, the rest waits unprinted.
     let mut sent = Vec::new();
     for batch in 0..8 {
-        let text: String = (0..100)
-            .map(|n| {
-                let id = format!("01F{batch:02}N{n:03}");
-                let line = long_note(&id, 2000);
-                sent.push(id);
-                line
-            })
-            .collect();
-        bridge.append_raw("web", text.as_bytes());
+        bridge.append_raw("web", long_batch("01F", batch, &mut sent).as_bytes());
     }
     // Judged and printed as far as the pipe takes; what comes next waits for it, unread.
     let full = sent.len();
@@ -775,9 +773,7 @@ fn a_line_damaged_in_place_before_the_daemon_printed_it_is_passed_over() {
 fn a_killed_watch_ends_its_pipe_though_the_daemon_printed_to_it() {
     use std::io::Read;
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
-    let mut daemon = Daemon::start(&bridge, &[]);
-    let mut watch = WatchChild::spawn(&bridge, "web");
-    daemon.expect_stderr(DELIVERING, PATIENCE);
+    let (_daemon, mut watch) = printing_for_watch(&bridge);
     let mut output = watch.0.stdout.take().unwrap();
     let (tx, ended) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -797,9 +793,7 @@ fn a_killed_watch_ends_its_pipe_though_the_daemon_printed_to_it() {
 #[test]
 fn a_watch_whose_reader_went_away_ends_though_the_daemon_printed() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
-    let mut daemon = Daemon::start(&bridge, &[]);
-    let mut watch = WatchChild::spawn(&bridge, "web");
-    daemon.expect_stderr(DELIVERING, PATIENCE);
+    let (_daemon, mut watch) = printing_for_watch(&bridge);
     drop(watch.0.stdout.take());
     bridge.append_raw("web", note("01NOBODYREADS").as_bytes());
     let (tx, exited) = std::sync::mpsc::channel();
