@@ -1,6 +1,6 @@
 //! The judge's catch-up: every line judged once, across inboxes in any order.
 
-use crate::util::{line, Bridge};
+use crate::util::{line, note_of, Bridge};
 
 #[test]
 fn responses_read_before_their_requests_are_accepted() {
@@ -112,14 +112,6 @@ fn a_second_judge_is_refused_with_exit_3() {
     assert!(run.stderr.contains("pid 4242"), "{}", run.stderr);
     // Reading still works from the journal as it stands.
     assert_eq!(bridge.doorbell(&["read", "web"]).code, 0);
-}
-
-/// A note whose text is `text_bytes` long.
-fn note_of(id: &str, from: &str, to: &str, text_bytes: usize) -> String {
-    format!(
-        r#"{{"id":"{id}","from":"{from}","to":"{to}","kind":"note","createdAt":"2026-11-29T10:00:00Z","message":{{"role":"agent","parts":[{{"type":"text","text":"{}"}}]}}}}"#,
-        "x".repeat(text_bytes)
-    ) + "\n"
 }
 
 /// A backlog in several inboxes is read a round at a time (a megabyte of each in turn):

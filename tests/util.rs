@@ -310,6 +310,14 @@ pub fn run_within(mut command: Command, within: std::time::Duration) -> Run {
     panic!("{command:?} still ran after {within:?}");
 }
 
+/// A note with its newline, whose text is `text_bytes` long.
+pub fn note_of(id: &str, from: &str, to: &str, text_bytes: usize) -> String {
+    format!(
+        r#"{{"id":"{id}","from":"{from}","to":"{to}","kind":"note","createdAt":"2026-11-29T10:00:00Z","message":{{"role":"agent","parts":[{{"type":"text","text":"{}"}}]}}}}"#,
+        "x".repeat(text_bytes)
+    ) + "\n"
+}
+
 /// One envelope line as `doorbell send` would write it, for tests that append directly.
 pub fn line(id: &str, from: &str, to: &str, kind: &str, extra: &str) -> String {
     let state = match kind {

@@ -6,7 +6,7 @@
 use std::io::{BufRead, BufReader};
 use std::time::Duration;
 
-use crate::util::{line, Bridge, Daemon, Watch, WatchChild};
+use crate::util::{line, note_of, Bridge, Daemon, Watch, WatchChild};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -679,20 +679,12 @@ fn printing_for_watch(bridge: &Bridge) -> (Daemon, WatchChild) {
     (daemon, watch)
 }
 
-/// A note from design to web whose text is `text_bytes` long.
-fn long_note(id: &str, text_bytes: usize) -> String {
-    let text = "x".repeat(text_bytes);
-    format!(
-        r#"{{"id":"{id}","from":"design","to":"web","kind":"note","createdAt":"2026-11-29T10:00:00Z","message":{{"role":"agent","parts":[{{"type":"text","text":"{text}"}}]}}}}"#
-    ) + "\n"
-}
-
 /// A hundred notes of 2 KB, `PREFIX` `BATCH` `N` `n`, their ids added to `sent`.
 fn long_batch(prefix: &str, batch: usize, sent: &mut Vec<String>) -> String {
     (0..100)
         .map(|n| {
             let id = format!("{prefix}{batch:02}N{n:03}");
-            let line = long_note(&id, 2000);
+            let line = note_of(&id, "design", "web", 2000);
             sent.push(id);
             line
         })
