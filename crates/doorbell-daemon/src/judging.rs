@@ -207,7 +207,13 @@ impl Judging {
             Instant::now() + wait
         });
         let mut arrived = CatchUp::default();
-        let going_on = match step(&mut self.judge, batch, &mut self.due, &mut arrived) {
+        let going_on = match step(
+            &mut self.judge,
+            batch,
+            &mut self.due,
+            self.watchers.as_ref(),
+            &mut arrived,
+        ) {
             Ok(()) => {
                 if self.due.retry.take().is_some() {
                     tracing::info!("writing works again: judging resumed");
@@ -388,6 +394,7 @@ fn step(
     judge: &mut Judge,
     batch: Batch,
     due: &mut Deadlines,
+    watchers: Option<&Watchers>,
     arrived: &mut CatchUp,
 ) -> doorbell_store::Result<()> {
     if due.retry.is_some() {
@@ -409,7 +416,13 @@ fn step(
         None
     } else {
         let names: Vec<String> = batch.dirty.into_iter().collect();
-        Some(judge.sweep(&names, now)?)
+        match watchers {
+            // A long run of lines reaches the watchers in steps while the rest is judged.
+            Some(watchers) => Some(judge.sweep_telling(&names, now, &mut |appended| {
+                watchers.tell(&appended);
+            })?),
+            None => Some(judge.sweep(&names, now)?),
+        }
     };
     if let Some(stats) = stats {
         if stats.judged() > 0 {

@@ -180,7 +180,12 @@ impl LineReader {
                 }
                 return Ok(line_start);
             }
-            let n = file.read_at(&mut self.buf[filled..], read_at)?;
+            // Not past `known_end`: what was written since is left for the next read.
+            let room = known_end.map_or(self.buf.len(), |end| {
+                let left = usize::try_from(end - read_at).unwrap_or(usize::MAX);
+                self.buf.len().min(filled.saturating_add(left))
+            });
+            let n = file.read_at(&mut self.buf[filled..room], read_at)?;
             if n == 0 {
                 if skipping.is_some() {
                     self.leave_unended(file, line_start, read_at);

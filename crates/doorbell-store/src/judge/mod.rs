@@ -50,6 +50,10 @@ use verdicts::{Held, HeldLines};
 /// fifth less memory than reading each inbox to its end in turn.
 const ROUND_BYTES: u64 = 1 << 20;
 
+/// How much of its inboxes a telling sweep ([`Judge::sweep_telling`]) judges before it tells
+/// what it journaled: a burst reaches its watchers in steps while the rest is judged.
+const TELL_BYTES: u64 = 64 << 10;
+
 /// How many times a catch-up reads back what it wrote and tells what that judged.
 const READ_BACK_ROUNDS: usize = 8;
 
@@ -350,6 +354,28 @@ impl Judge {
     /// Judge the unjudged lines of `names`. When a line waits for a request that is not in
     /// the ledger, every other inbox is read to its end before the line is refused.
     pub fn sweep(&mut self, names: &[String], now: DateTime<Utc>) -> Result<CatchUp> {
+        self.sweep_with(names, now, None)
+    }
+
+    /// [`Judge::sweep`], telling `tell` what was journaled ([`Judge::take_appended`]) every
+    /// [`TELL_BYTES`] or so of lines while no line is held, so that the first lines of a long
+    /// run reach a watcher while the rest is judged. What the sweep journals after its last
+    /// tell is left for the caller to take.
+    pub fn sweep_telling(
+        &mut self,
+        names: &[String],
+        now: DateTime<Utc>,
+        tell: &mut dyn FnMut(crate::journal::Appended),
+    ) -> Result<CatchUp> {
+        self.sweep_with(names, now, Some(tell))
+    }
+
+    fn sweep_with(
+        &mut self,
+        names: &[String],
+        now: DateTime<Utc>,
+        mut tell: Option<&mut dyn FnMut(crate::journal::Appended)>,
+    ) -> Result<CatchUp> {
         self.state_is_ours()?;
         // A file named for a loop of the config is no inbox (`Bridge::inboxes`).
         if names.iter().any(|name| self.bridge.is_config_loop(name)) {
@@ -358,7 +384,7 @@ impl Judge {
                 .filter(|name| !self.bridge.is_config_loop(name))
                 .cloned()
                 .collect();
-            return self.sweep(&inboxes, now);
+            return self.sweep_with(&inboxes, now, tell);
         }
         let mut stats = CatchUp::default();
         let mut held = HeldLines::default();
@@ -377,7 +403,11 @@ impl Judge {
         // turn, as a live judge sees them grow: each save of the index then covers a short
         // stretch of time (ids made in time order go in near each other, not all over its
         // B-trees), and fewer lines wait for their turn in memory.
-        let budget = (names.len() > 1).then_some(ROUND_BYTES);
+        let budget = if tell.is_some() {
+            Some(TELL_BYTES)
+        } else {
+            (names.len() > 1).then_some(ROUND_BYTES)
+        };
         loop {
             let mut more = false;
             for name in names {
@@ -385,6 +415,17 @@ impl Judge {
             }
             if !more {
                 break;
+            }
+            // While a line is held, the lines read after it are journaled before it: nothing
+            // is told until the sweep's end judges it, so what is told never runs ahead of
+            // an unjudged line.
+            if let Some(tell) = tell
+                .as_mut()
+                .filter(|_| held.is_empty() && held.waiting.is_empty())
+            {
+                if let Some(appended) = self.journal.take_copy()? {
+                    tell(appended);
+                }
             }
         }
         // A held line's request was appended before the line was read, but perhaps to an
