@@ -721,6 +721,49 @@ fn a_reader_a_pipe_behind_reads_every_line_whole_across_megabytes() {
     assert_eq!(got, sent);
 }
 
+/// A daemon under a file-size limit (`ulimit -f`, systemd's `LimitFSIZE=`) that prints
+/// past it into a watch's record: the write fails instead of SIGXFSZ killing the daemon. The
+/// watch takes its output back and prints on, and the daemon goes on judging.
+#[test]
+fn a_file_size_limit_reached_while_printing_for_a_watch_stops_nothing() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut command = std::process::Command::new("sh");
+    bridge.env(&mut command);
+    command.args([
+        "-c",
+        r#"ulimit -f 16384 && exec "$0" daemon"#,
+        crate::util::BIN,
+    ]);
+    let mut daemon = Daemon::spawn(command);
+    // 8 MiB in `sh`'s blocks of 512 bytes, 16 MiB in `bash`'s: read, not assumed.
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", daemon.child.id())).unwrap();
+    let limit: usize = limits
+        .lines()
+        .find(|l| l.starts_with("Max file size"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|n| n.parse().ok())
+        .expect("the daemon's file-size limit");
+    let watch = Watch::start(&bridge, "web");
+    daemon.expect_stderr(DELIVERING, PATIENCE);
+    // More than the limit in printed lines of 2 KB: the record's first write past it fails.
+    let (mut sent, mut got) = (Vec::new(), Vec::new());
+    let batches = limit / (100 * 2000) + 1;
+    for batch in 0..batches {
+        bridge.append_raw("web", long_batch("01Z", batch, &mut sent).as_bytes());
+        while got.len() < sent.len() {
+            got.push(watch.next(PATIENCE));
+        }
+    }
+    assert_eq!(got, sent, "every line once, in order");
+    daemon.expect_stderr("past the file-size limit", PATIENCE);
+    bridge.append_raw("web", note("01AFTER").as_bytes());
+    assert_eq!(watch.next(PATIENCE), "01AFTER");
+    assert!(
+        daemon.child.try_wait().unwrap().is_none(),
+        "the daemon is still running"
+    );
+}
+
 /// A line edited in place after it was judged, while a full pipe held it back: the daemon
 /// does not print what no longer reads as a message. It hands the pipe back, and the watch
 /// passes over the line, as it passes over every damaged line, and prints the rest.

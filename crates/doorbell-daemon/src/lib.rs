@@ -68,6 +68,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let dir = options.bridge.dir().to_path_buf();
+    // A write past the file-size limit (`ulimit -f`, systemd's `LimitFSIZE=`) fails with
+    // EFBIG, as any failed write, instead of SIGXFSZ killing the daemon: the judge pauses
+    // and retries, a watch it printed for takes its output back.
+    let mut too_large = signal(SignalKind::from_raw(rustix::process::Signal::XFSZ.as_raw()))
+        .map_err(Error::Signals)?;
     let (inputs, receiver) = std::sync::mpsc::channel();
     // Until the start-up catch-up is done the seat is empty and hints queue for the
     // judging thread; from then on the watch's thread judges an inbox as its event comes.
@@ -116,6 +121,11 @@ pub async fn run(
                 break (&mut judging).await;
             }
             result = &mut judging => break result,
+            Some(()) = too_large.recv() => {
+                tracing::warn!(
+                    "a write went past the file-size limit (ulimit -f, LimitFSIZE=) and failed; what it was for is said where it was made"
+                );
+            }
             Some(()) = hangup.recv() => {
                 match Config::load(options.config_path.as_deref()) {
                     // The default file, gone since (moved away, or mid-edit by a tool that
