@@ -764,6 +764,30 @@ fn a_file_size_limit_reached_while_printing_for_a_watch_stops_nothing() {
     );
 }
 
+/// A daemon killed in the middle of a burst leaves lines unjudged, and a killed process
+/// lets go of its sockets and its lock in no set order: its watch, told it was gone while
+/// the lock was still held, went on to watch the files and judged nothing until the next
+/// write came. It judges them once the lock goes. (The order is the kernel's: six rounds.)
+#[test]
+fn a_watch_judges_what_its_killed_daemon_left_unjudged() {
+    for round in 0..6 {
+        let bridge = Bridge::with_agents(&["web", "design", "human"]);
+        let mut daemon = Daemon::start(&bridge, &[]);
+        let watch = Watch::start(&bridge, "web");
+        daemon.expect_stderr(DELIVERING, PATIENCE);
+        let mut sent = Vec::new();
+        let burst: String = (0..30).map(|b| long_batch("01K", b, &mut sent)).collect();
+        bridge.append_raw("web", burst.as_bytes());
+        // The first lines are out: the daemon is in the middle of the burst.
+        let mut got = vec![watch.next(PATIENCE)];
+        daemon.kill();
+        while got.len() < sent.len() {
+            got.push(watch.next(PATIENCE));
+        }
+        assert_eq!(got, sent, "round {round}");
+    }
+}
+
 /// A line edited in place after it was judged, while a full pipe held it back: the daemon
 /// does not print what no longer reads as a message. It hands the pipe back, and the watch
 /// passes over the line, as it passes over every damaged line, and prints the rest.

@@ -74,6 +74,11 @@ impl Events {
         let unjudged = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&unjudged);
         let recheck = after_the_judge(bridge, tx.clone(), Arc::clone(&unjudged))?;
+        // Whatever the judge holding the lock now leaves unjudged (a daemon just killed, its
+        // lines written before this waiter watched) is judged once it lets go: a killed
+        // process lets go of its sockets and its lock in no set order, so the lock may still
+        // be held when its watchers learn that it is gone.
+        let _ = recheck.send(());
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
                 let wake = match change(&event) {
