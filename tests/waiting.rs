@@ -410,6 +410,30 @@ fn a_wait_on_a_broadcast_judged_in_two_sweeps_waits_for_every_request() {
     assert_eq!(stdout.lines().count(), 2, "{stdout}");
 }
 
+/// The answer written while the daemon was stopped, a `wait` begun then (it found the lock
+/// held, so it judged nothing), and the daemon killed: no write came after to wake the wait,
+/// and it waited out its timeout. It judges what the daemon left once the lock goes.
+#[test]
+fn a_wait_judges_the_answer_a_killed_daemon_left_unjudged() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let daemon = crate::util::Daemon::start(&bridge, &[]);
+    let patience = std::time::Duration::from_secs(20);
+    let id = bridge.request("design", "web", "is the footer grey?");
+    bridge.wait_for(patience, "the request judged", |b| b.verdicts().len() == 1);
+    daemon.signal("STOP");
+    bridge.append_raw(
+        "design",
+        response("01KILLEDANSWER", "web", "design", &id, "completed").as_bytes(),
+    );
+    let waiter = spawn(&bridge, &["wait", &id, "--json", "--timeout", "20s"]);
+    let pid = waiter.id();
+    bridge.wait_for(patience, "the wait to have looked", |_| watches(pid) > 0);
+    daemon.kill();
+    let (code, stdout, stderr) = finish(waiter);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("01KILLEDANSWER"), "{stdout}");
+}
+
 /// A response to `request` from `from` to `to` in state `state`, written by hand.
 fn response(id: &str, from: &str, to: &str, request: &str, state: &str) -> String {
     let extra = format!(r#","correlatesTo":"{request}","contextId":"{request}","state":"{state}""#);
