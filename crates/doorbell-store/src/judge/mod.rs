@@ -419,11 +419,8 @@ impl Judge {
             // While a line is held, the lines read after it are journaled before it: nothing
             // is told until the sweep's end judges it, so what is told never runs ahead of
             // an unjudged line.
-            if let Some(tell) = tell
-                .as_mut()
-                .filter(|_| held.is_empty() && held.waiting.is_empty())
-            {
-                if let Some(appended) = self.journal.take_copy()? {
+            if let Some(tell) = tell.as_mut().filter(|_| held.none_aside()) {
+                if let Some(appended) = self.take_appended()? {
                     tell(appended);
                 }
             }

@@ -64,6 +64,12 @@ impl HeldLines {
         self.by_request.is_empty()
     }
 
+    /// Whether no line is held and none waits for its turn: every line read so far is
+    /// journaled.
+    pub(super) fn none_aside(&self) -> bool {
+        self.by_request.is_empty() && self.waiting.is_empty()
+    }
+
     /// Whether a line of `inbox`'s generation `gen` is held or waits for its turn.
     pub(super) fn any_from(&self, inbox: &str, gen: u32) -> bool {
         self.by_request
