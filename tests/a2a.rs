@@ -1067,3 +1067,78 @@ fn a_retry_of_a_message_a_task_got_before_it_closed_is_delivered_not_refused() {
     let (_, late) = rpc(&addr, Some(TOKEN), &call("SendMessage", &late));
     assert_eq!(late["error"]["code"], -32004, "{late}");
 }
+
+/// A gateway started while the daemon is stopped cannot judge (the stopped daemon holds the
+/// lock): the answer written meanwhile waits. When the daemon is then killed, the gateway
+/// judges what it left, and a stream open on the task shows the answer. Without its waiter's
+/// recheck at start it judged nothing until the next write, and the stream stayed at
+/// `submitted`.
+#[test]
+fn a_stream_shows_the_answer_a_killed_daemon_left_unjudged() {
+    let bridge = Bridge::with_agents(&["web", "human"]);
+    config(&bridge, "");
+    let daemon = Daemon::start(&bridge, &[]);
+    let patience = Duration::from_secs(20);
+    let task = "01KILLEDTASK";
+    bridge.append_raw(
+        "web",
+        format!(
+            "{}\n",
+            crate::util::line(task, "design", "web", "request", "")
+        )
+        .as_bytes(),
+    );
+    bridge.wait_for(patience, "the request judged", |b| b.verdicts().len() == 1);
+    daemon.signal("STOP");
+    let answer = format!(r#","correlatesTo":"{task}","contextId":"{task}","state":"completed""#);
+    bridge.append_raw(
+        "design",
+        format!(
+            "{}\n",
+            crate::util::line("01KILLEDANSWER", "web", "design", "response", &answer)
+        )
+        .as_bytes(),
+    );
+    let (_gateway, addr) = serve(&bridge);
+    let subscribe = call("SubscribeToTask", &json!({"id": task}));
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    stream.set_read_timeout(Some(patience)).unwrap();
+    let head = format!(
+        "POST /a2a/web HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        subscribe.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(&subscribe).unwrap();
+    let first = read_until(&mut stream, |text| text.contains("\"task\""));
+    assert!(first.contains("TASK_STATE_SUBMITTED"), "{first}");
+    assert!(!first.contains("TASK_STATE_COMPLETED"), "{first}");
+    daemon.kill();
+    // Keep-alives reset a read's timeout: the stream is given a deadline instead.
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let deadline = std::time::Instant::now() + patience;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("TASK_STATE_COMPLETED")
+        && std::time::Instant::now() < deadline
+    {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let seen = String::from_utf8_lossy(&seen);
+    assert!(
+        seen.contains("TASK_STATE_COMPLETED") && seen.contains("01KILLEDANSWER"),
+        "the stream, {patience:?} after the daemon was killed: {seen}"
+    );
+}
