@@ -189,6 +189,67 @@ fn broadcast_writes_one_line_per_station_with_a_shared_thread() {
     }
 }
 
+/// A broadcast note shares one thread as a broadcast request does (DESIGN §5), so `thread`
+/// of its id lists every copy (before: no `contextId`, and "no thread"). A note about a
+/// request stays in that request's thread.
+#[test]
+fn a_broadcast_note_shares_a_thread_unless_it_is_about_a_request() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    bridge
+        .doorbell(&[
+            "send",
+            "--to",
+            "all",
+            "--from",
+            "human",
+            "--id",
+            "01NOTE",
+            "standup at ten",
+        ])
+        .ok();
+    let thread = bridge.doorbell(&["thread", "01NOTE", "--json"]);
+    let ids: Vec<String> = thread
+        .ok()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|m| m["envelope"]["id"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(ids, ["01NOTE.design", "01NOTE.web"], "{thread:?}");
+
+    let asked = bridge.request("design", "human", "which room?");
+    bridge
+        .doorbell(&[
+            "send",
+            "--to",
+            "all",
+            "--from",
+            "human",
+            "--kind",
+            "note",
+            "--correlates-to",
+            &asked,
+            "--id",
+            "01ABOUT",
+            "room 4",
+        ])
+        .ok();
+    for name in ["web", "design"] {
+        let line = bridge.lines(name).pop().unwrap();
+        let envelope: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(envelope["id"], format!("01ABOUT.{name}"));
+        assert!(envelope.get("contextId").is_none(), "{envelope}");
+    }
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let verdicts = bridge.verdicts();
+    assert_eq!(verdicts.len(), 5, "{verdicts:?}");
+    assert!(
+        verdicts
+            .iter()
+            .all(|(_, _, verdict, _)| verdict == "accepted"),
+        "{verdicts:?}"
+    );
+}
+
 #[test]
 fn a_broadcasts_id_is_answered_by_each_station_and_canceled_by_its_sender() {
     let bridge = Bridge::with_agents(&["web", "design", "ops", "human"]);

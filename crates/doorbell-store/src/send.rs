@@ -360,10 +360,13 @@ pub fn send_placed(bridge: &Bridge, view: Option<&View>, message: &Message) -> R
         } else {
             base_id.clone()
         };
-        // A broadcast request shares one thread; a request is otherwise its own thread.
+        // A broadcast shares one thread (DESIGN §5), a note too unless it is about a
+        // request (it is in that request's thread); a request is otherwise its own thread.
+        let about_a_request = message.correlates_to.is_some();
         let context_id = match (&message.context_id, kind.as_str(), broadcast) {
             (Some(context), _, _) => Some(context.as_str()),
             (None, "request", true) => Some(base_id.as_str()),
+            (None, "note", true) if !about_a_request => Some(base_id.as_str()),
             (None, "request", false) => Some(id.as_str()),
             (None, _, _) => None,
         };
