@@ -243,39 +243,84 @@ fn local(t: &str) -> String {
 /// The most of a message's first line a report shows, in characters.
 const SHOWN_CHARS: usize = 120;
 
-/// Text safe for a terminal: control characters other than newline and tab become escapes,
-/// and so do the invisible format characters: the marks that reorder text shown right to
-/// left (a message could make its own text, or the line around it, read otherwise than it
-/// is), zero-width ones, tags (text a person does not see and a model reads) and the Unicode
-/// line separators.
+/// Text safe for a terminal and for a model's context: control characters other than newline
+/// and tab become escapes, and so does every character that shows nothing: the marks that
+/// reorder text shown right to left (a message could make its own text, or the line around
+/// it, read otherwise than it is), the Unicode line separators, and Unicode's default-
+/// ignorable characters (zero-width ones, fillers, tags and variation selectors: text a
+/// person does not see and a model reads, as a sentence spelled in selectors after an
+/// emoji). One presentation selector (U+FE0E, U+FE0F) right after the character it
+/// selects for stays: it is how emoji are written. The backslashes of a run that ends before
+/// `u{` or before an escaped character are doubled, so an odd count before `u{` is always an
+/// escape and an even one always the text's own.
 #[must_use]
 pub fn printable(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
+    let mut before = None;
+    // Whether the run of backslashes being written is doubled: decided once for the run.
+    let mut doubled = None;
     for (at, c) in text.char_indices() {
-        match c {
-            '\n' | '\t' => out.push(c),
-            // A text's own `\u{…}` would read as an escaped mark: its backslash is doubled.
-            '\\' if text[at + 1..].starts_with("u{") => out.push_str("\\\\"),
-            c if c.is_control()
-                || matches!(
-                    c,
-                    '\u{61c}'
-                        | '\u{180e}'
-                        | '\u{200b}'..='\u{200f}'
-                        | '\u{2028}'..='\u{202e}'
-                        | '\u{2060}'..='\u{2064}'
-                        | '\u{2066}'..='\u{206f}'
-                        | '\u{feff}'
-                        | '\u{fff9}'..='\u{fffb}'
-                        | '\u{e0000}'..='\u{e007f}'
-                ) =>
-            {
-                let _ = write!(out, "\\u{{{:x}}}", c as u32);
-            }
-            c => out.push(c),
+        if c == '\\' {
+            let double = *doubled.get_or_insert_with(|| {
+                let rest = text[at..].trim_start_matches('\\');
+                rest.starts_with("u{")
+                    || rest.chars().next().is_some_and(|n| escaped(n, Some('\\')))
+            });
+            out.push_str(if double { "\\\\" } else { "\\" });
+            before = Some(c);
+            continue;
         }
+        doubled = None;
+        if escaped(c, before) {
+            let _ = write!(out, "\\u{{{:x}}}", c as u32);
+        } else {
+            out.push(c);
+        }
+        before = Some(c);
     }
     out
+}
+
+/// Whether [`printable`] escapes `c`, the character `before` it in the text.
+fn escaped(c: char, before: Option<char>) -> bool {
+    match c {
+        '\n' | '\t' => false,
+        // Emoji presentation: one selector, right after a character that is shown.
+        '\u{fe0e}' | '\u{fe0f}' => !before.is_some_and(|b| !escaped(b, None) && !selector(b)),
+        c => c.is_control() || invisible(c),
+    }
+}
+
+/// A variation selector.
+fn selector(c: char) -> bool {
+    matches!(c, '\u{180b}'..='\u{180d}' | '\u{180f}' | '\u{fe00}'..='\u{fe0f}' | '\u{e0100}'..='\u{e01ef}')
+}
+
+/// Characters that show nothing: Unicode's `Default_Ignorable_Code_Point` set, the format
+/// characters outside it (the Arabic letter mark is inside), the line and paragraph
+/// separators, the interlinear annotation marks and the Egyptian hieroglyph format controls.
+fn invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{ad}'
+            | '\u{34f}'
+            | '\u{61c}'
+            | '\u{115f}'..='\u{1160}'
+            | '\u{17b4}'..='\u{17b5}'
+            | '\u{180b}'..='\u{180f}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{3164}'
+            | '\u{fe00}'..='\u{fe0f}'
+            | '\u{feff}'
+            | '\u{ffa0}'
+            | '\u{fff0}'..='\u{fffb}'
+            | '\u{13430}'..='\u{1343f}'
+            | '\u{1bca0}'..='\u{1bca3}'
+            | '\u{1d173}'..='\u{1d17a}'
+            | '\u{e0000}'..='\u{e0fff}'
+    )
 }
 
 /// A message's first line as a report shows it: [`printable`] (a text is never an
@@ -445,7 +490,7 @@ impl Report {
 
 #[cfg(test)]
 mod tests {
-    use super::printable;
+    use super::{invisible, printable};
 
     #[test]
     fn an_escaped_mark_never_reads_like_text_and_text_never_like_an_escaped_mark() {
@@ -454,5 +499,58 @@ mod tests {
         // Other backslashes stay as written: paths, regexes, `\n` in code.
         assert_eq!(printable(r"C:\tmp \d+ \n \u"), r"C:\tmp \d+ \n \u");
         assert_eq!(printable("bell\u{7}\n"), "bell\\u{7}\n");
+    }
+
+    /// Nothing that shows nothing reaches a reader raw (a sentence spelled in variation
+    /// selectors, fillers, a soft hyphen, shorthand and musical format controls), while an
+    /// emoji keeps its one presentation selector.
+    #[test]
+    fn every_character_that_shows_nothing_is_escaped() {
+        let smuggled: String = "hi"
+            .bytes()
+            .map(|b| char::from_u32(0xE0100 + u32::from(b) - 16).unwrap())
+            .collect();
+        let text = format!("ok\u{1f600}{smuggled} soft\u{ad}hy \u{1bca0}\u{1d173}\u{3164}\u{fe0f}");
+        let shown = printable(&text);
+        assert!(shown.chars().all(|c| !invisible(c)), "{shown:?}");
+        assert_eq!(
+            shown,
+            "ok\u{1f600}\\u{e0158}\\u{e0159} soft\\u{ad}hy \\u{1bca0}\\u{1d173}\\u{3164}\\u{fe0f}"
+        );
+        assert_eq!(printable("love \u{2764}\u{fe0f}"), "love \u{2764}\u{fe0f}");
+        assert_eq!(
+            printable("\u{2764}\u{fe0f}\u{fe0f}"),
+            "\u{2764}\u{fe0f}\\u{fe0f}"
+        );
+        assert_eq!(printable("\u{fe0f}x"), "\\u{fe0f}x");
+    }
+
+    /// A text's own backslash before a character that is escaped is doubled, so a real mark
+    /// never reads as the text `\u{…}` (before, `\` then U+202E and the text `\u{202e}`
+    /// were shown alike).
+    #[test]
+    fn a_real_mark_and_its_spelling_never_read_alike() {
+        let shown: Vec<String> = [
+            "A \u{202e} B",
+            "A \\\u{202e} B",
+            "A \\u{202e} B",
+            "A \\\\u{202e} B",
+            "A \\\\\u{202e} B",
+        ]
+        .iter()
+        .map(|t| printable(t))
+        .collect();
+        assert_eq!(
+            shown,
+            [
+                r"A \u{202e} B",
+                r"A \\\u{202e} B",
+                r"A \\u{202e} B",
+                r"A \\\\u{202e} B",
+                r"A \\\\\u{202e} B",
+            ]
+        );
+        let long = "\\".repeat(1 << 20);
+        assert_eq!(printable(&long), long, "a long run is looked at once");
     }
 }
