@@ -169,6 +169,53 @@ fn a_retry_with_the_same_id_is_a_duplicate_and_counted_once() {
     assert!(reused.stderr.contains("id-reused"), "{}", reused.stderr);
 }
 
+/// A retry under the same id with `--reply-by` given as a duration is the same message, from
+/// either sender: it keeps the deadline its accepted copy was given (before: the duration
+/// gave another time, `doorbell send` refused the retry as `id-reused`, and the shell sender
+/// said "sent" for a line the judge then refused).
+#[test]
+fn a_retry_with_a_deadline_given_as_a_duration_is_the_same_message() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let first = "2030-01-01T00:00:00Z";
+    let args = |reply_by: &'static str| {
+        [
+            "--to",
+            "web",
+            "--from",
+            "design",
+            "--kind",
+            "request",
+            "--reply-by",
+            reply_by,
+            "--id",
+            "01LATER",
+            "footer?",
+        ]
+    };
+    let send = |reply_by| {
+        let mut command = vec!["send"];
+        command.extend(args(reply_by));
+        bridge.doorbell(&command)
+    };
+    send(first).ok();
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    bridge.script(&args("2h"), None).ok();
+    assert_eq!(send("2h").ok().trim(), "01LATER");
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let lines = bridge.lines("web");
+    assert_eq!(
+        lines.len(),
+        2,
+        "the script's retry is written, the binary's is not"
+    );
+    for line in &lines {
+        let envelope: serde_json::Value = serde_json::from_slice(line).unwrap();
+        assert_eq!(envelope["replyBy"], first, "{envelope}");
+    }
+    let verdicts: Vec<String> = bridge.verdicts().into_iter().map(|v| v.2).collect();
+    assert_eq!(verdicts, ["accepted", "duplicate"]);
+}
+
 #[test]
 fn broadcast_writes_one_line_per_station_with_a_shared_thread() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);

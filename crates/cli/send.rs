@@ -142,6 +142,10 @@ pub fn message(args: &SendArgs) -> anyhow::Result<Message> {
         .transpose()?;
     Ok(Message {
         reply_by,
+        reply_by_relative: args
+            .reply_by
+            .as_deref()
+            .is_some_and(|t| DateTime::parse_from_rfc3339(t).is_err()),
         text,
         data,
         lock_wait,

@@ -14,6 +14,7 @@ use doorbell_core::{
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use crate::journal::Word;
 use crate::{Bridge, Error, Result, View};
 
 /// A message to send, as a person or an agent gives it.
@@ -33,6 +34,9 @@ pub struct Message {
     pub priority: Option<u8>,
     /// RFC 3339, already resolved.
     pub reply_by: Option<String>,
+    /// Whether `reply_by` was resolved from a duration (`--reply-by 2h`): a retry under the
+    /// same id then keeps the time its accepted copy was given.
+    pub reply_by_relative: bool,
     /// The id (a retry with the same id is safe); a new ULID when `None`.
     pub id: Option<String>,
     pub text: Option<String>,
@@ -370,6 +374,11 @@ pub fn send_placed(bridge: &Bridge, view: Option<&View>, message: &Message) -> R
             (None, "request", false) => Some(id.as_str()),
             (None, _, _) => None,
         };
+        // `--reply-by 2h` again is another time, and would make a retry another message.
+        let reply_by = match (message.id.is_some() && message.reply_by_relative, view) {
+            (true, Some(view)) => earlier_reply_by(view, &id)?.or_else(|| message.reply_by.clone()),
+            _ => message.reply_by.clone(),
+        };
         let outgoing = Outgoing {
             id: &id,
             from: &from,
@@ -381,7 +390,7 @@ pub fn send_placed(bridge: &Bridge, view: Option<&View>, message: &Message) -> R
             state,
             created_at: &created_at,
             priority: message.priority,
-            reply_by: message.reply_by.as_deref(),
+            reply_by: reply_by.as_deref(),
             message: OutMessage {
                 role: message.role.as_deref().unwrap_or("agent"),
                 parts: &parts,
@@ -402,6 +411,21 @@ pub fn send_placed(bridge: &Bridge, view: Option<&View>, message: &Message) -> R
     // Every recipient passed the pre-check: now write. A duplicate was already delivered.
     let who = (from.as_str(), kind.as_str());
     write_placed(bridge, view, message, who, lines, &base_id)
+}
+
+/// The `replyBy` of the accepted message `id`, as written: what a retry of it with the
+/// deadline given as a duration gets, so that it is the same message again.
+fn earlier_reply_by(view: &View, id: &str) -> Result<Option<String>> {
+    let Some(found) = view.message(id)? else {
+        return Ok(None);
+    };
+    if found.verdict != Word::Accepted {
+        return Ok(None);
+    }
+    Ok(found
+        .line
+        .and_then(|line| serde_json::from_slice::<serde_json::Value>(&line).ok())
+        .and_then(|envelope| envelope.get("replyBy")?.as_str().map(str::to_owned)))
 }
 
 /// Write each recipient's line (none for a duplicate); a failure once some were written says
