@@ -915,7 +915,7 @@ fn both_senders_refuse_what_the_judge_would_and_nothing_else() {
 }
 
 /// `--reply-by` times out of range (a month 13, a 30 February, hour 29, offset +29:00, a
-/// duration past the year 9999) are refused by both senders, as the judge refuses them;
+/// duration past the year 9999, an offset that carries the time past it in UTC) are refused by both senders, as the judge refuses them;
 /// times in range (a leap day, a leap second, an offset) are sent by both and accepted.
 #[test]
 fn both_senders_refuse_a_reply_by_the_judge_would_and_send_the_rest() {
@@ -947,6 +947,11 @@ fn both_senders_refuse_a_reply_by_the_judge_would_and_send_the_rest() {
         ("2026-01-01T29:00:00Z", 2),
         ("2026-01-01T10:00:00+29:00", 2),
         ("3000000d", 2),
+        // Past the four-digit years once in UTC: the offset carries the day over.
+        ("9999-12-31T23:59:59-01:00", 2),
+        ("0000-01-01T00:00:00+01:00", 2),
+        ("9999-12-31T22:59:59-01:00", 0),
+        ("0000-01-01T01:00:00+01:00", 0),
         ("2028-02-29T10:00:00Z", 0),
         ("2026-12-31T23:59:60Z", 0),
         ("2026-02-28T10:00:00+05:30", 0),

@@ -4,7 +4,7 @@
 use std::io::Read;
 
 use anyhow::Context;
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Datelike, SecondsFormat, Utc};
 use doorbell_core::duration::parse_duration;
 use doorbell_store::send::{self, Message};
 use serde_json::value::RawValue;
@@ -42,18 +42,22 @@ fn text_from_bytes(mut bytes: Vec<u8>) -> anyhow::Result<String> {
 
 /// RFC 3339, or a duration from now such as `2h`.
 pub fn parse_time(text: &str, now: DateTime<Utc>) -> anyhow::Result<String> {
-    if let Ok(t) = DateTime::parse_from_rfc3339(text) {
-        return Ok(t
-            .with_timezone(&Utc)
-            .to_rfc3339_opts(SecondsFormat::Secs, true));
+    let at = if let Ok(t) = DateTime::parse_from_rfc3339(text) {
+        t.with_timezone(&Utc)
+    } else {
+        let after = parse_duration(text)
+            .map_err(|e| refused(format!("--reply-by: {e}; or give an RFC 3339 time")))?;
+        let after = chrono::Duration::from_std(after)
+            .map_err(|_| refused(format!("--reply-by '{text}' is too far away")))?;
+        now.checked_add_signed(after)
+            .ok_or_else(|| refused(format!("--reply-by '{text}' is too far away")))?
+    };
+    // RFC 3339 in UTC has four-digit years; the judge refuses a time past them.
+    if !(0..=9999).contains(&at.year()) {
+        return Err(refused(format!(
+            "--reply-by '{text}' is outside the years 0000 to 9999 in UTC"
+        )));
     }
-    let after = parse_duration(text)
-        .map_err(|e| refused(format!("--reply-by: {e}; or give an RFC 3339 time")))?;
-    let after = chrono::Duration::from_std(after)
-        .map_err(|_| refused(format!("--reply-by '{text}' is too far away")))?;
-    let at = now
-        .checked_add_signed(after)
-        .ok_or_else(|| refused(format!("--reply-by '{text}' is too far away")))?;
     Ok(at.to_rfc3339_opts(SecondsFormat::Secs, true))
 }
 
@@ -187,5 +191,30 @@ mod tests {
         assert_eq!(text_from_bytes(Vec::new()).unwrap(), "");
         assert!(text_from_bytes(b"a\0b".to_vec()).is_err());
         assert!(text_from_bytes(vec![b'a', 0xff]).is_err());
+    }
+
+    /// A deadline past the four-digit years in UTC, given as a time with an offset or as a
+    /// duration, is refused with a reason rather than written as `+10000-…`.
+    #[test]
+    fn a_deadline_past_the_four_digit_years_is_refused_plainly() {
+        let now = DateTime::parse_from_rfc3339("9999-12-31T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        for text in [
+            "9999-12-31T23:59:59-01:00",
+            "0000-01-01T00:00:00+01:00",
+            "2d",
+        ] {
+            let error = parse_time(text, now).unwrap_err().to_string();
+            assert!(
+                error.contains("outside the years 0000 to 9999"),
+                "{text}: {error}"
+            );
+        }
+        assert_eq!(
+            parse_time("9999-12-31T23:59:59+01:00", now).unwrap(),
+            "9999-12-31T22:59:59Z"
+        );
+        assert_eq!(parse_time("1h", now).unwrap(), "9999-12-31T01:00:00Z");
     }
 }

@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Datelike, Utc};
 use serde::Deserialize;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -238,9 +238,18 @@ fn name_field<'a>(field: &'static str, value: Cow<'a, str>) -> Result<Cow<'a, st
 }
 
 fn time_field(field: &'static str, value: &str) -> Result<DateTime<Utc>, FieldError> {
-    DateTime::parse_from_rfc3339(value)
+    let at = DateTime::parse_from_rfc3339(value)
         .map(|t| t.with_timezone(&Utc))
-        .map_err(|_| (field, format!("'{}' is not an RFC 3339 time", clip(value))))
+        .map_err(|_| (field, format!("'{}' is not an RFC 3339 time", clip(value))))?;
+    // Every time the bridge writes back (`--json`, A2A, reports) is RFC 3339 in UTC, which
+    // has four-digit years: a time whose offset carries it past them has no such form.
+    if !(0..=9999).contains(&at.year()) {
+        return Err((
+            field,
+            format!("'{}' is outside the years 0000 to 9999 in UTC", clip(value)),
+        ));
+    }
+    Ok(at)
 }
 
 /// At most 40 characters of a value, for error messages.

@@ -447,6 +447,9 @@ fn stateless_order() {
         (line(&json!({"kind": "request", "correlatesTo": "r0"})).into_bytes(), "bad-field"),
         (line(&json!({"kind": "response", "correlatesTo": "r1", "state": "submitted"})).into_bytes(), "bad-field"),
         (line(&json!({"createdAt": "yesterday"})).into_bytes(), "bad-field"),
+        // RFC 3339, but past the four-digit years once in UTC: nothing could write it back.
+        (line(&json!({"replyBy": "9999-12-31T23:59:59-01:00"})).into_bytes(), "bad-field"),
+        (line(&json!({"createdAt": "0000-01-01T00:00:00+01:00"})).into_bytes(), "bad-field"),
         (line(&json!({"priority": 4})).into_bytes(), "bad-field"),
         (line(&json!({"priority": 1.0})).into_bytes(), "bad-field"),
         (line(&json!({"priority": "1"})).into_bytes(), "bad-field"),
@@ -461,6 +464,7 @@ fn stateless_order() {
         (line(&json!({"kind": "request", "correlatesTo": null, "state": "submitted", "priority": 3})).into_bytes(), "ok"),
         (line(&json!({"kind": "response", "correlatesTo": "r1", "state": "input-required", "contextId": "t"})).into_bytes(), "ok"),
         (line(&json!({"createdAt": "2026-09-03T03:26:51.5+02:00", "replyBy": "2026-09-04T00:00:00-07:00"})).into_bytes(), "ok"),
+        (line(&json!({"createdAt": "0000-01-01T00:00:00Z", "replyBy": "9999-12-31T23:59:59+01:00"})).into_bytes(), "ok"),
         (line(&json!({"message": {"role": "user", "parts": [{"type": "data", "data": {"a": [1]}}, {"type": "file", "file": {"bytes": "aGk="}}]}})).into_bytes(), "ok"),
         (line(&json!({"x": {"unknown": ["fields", "are", "kept"]}})).into_bytes(), "ok"),
         (format!("  \t{}  ", line(&json!({}))).into_bytes(), "ok"),
