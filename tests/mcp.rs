@@ -381,6 +381,41 @@ fn no_cancelled_read_counts_as_read_whenever_the_cancel_comes() {
     let _ = raw.server.wait();
 }
 
+/// A read answered, then its cancel and the next read written together (the user pressed
+/// Esc and the agent read again): the cancel came first, so the next read starts where the
+/// cancelled one began, and the message the client never took is in it (before: the next
+/// read ran first, went on from the cancelled read's end, and that message counted as read
+/// though the agent never got it, in 28 of 30 tries).
+#[test]
+fn a_read_written_after_a_cancel_starts_where_the_cancelled_read_began() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let mut raw = Raw::start(&bridge, "web");
+    for trial in 0..20u64 {
+        let sent = [
+            bridge.send("design", "web", &format!("first {trial}")),
+            bridge.send("design", "web", &format!("second {trial}")),
+        ];
+        let (cancelled, next) = (100 + 2 * trial, 101 + 2 * trial);
+        raw.call(cancelled, "read", &serde_json::json!({"max": 1}));
+        raw.answer(cancelled);
+        raw.say(
+            &serde_json::json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": cancelled, "reason": "the user pressed Esc"}}),
+        );
+        raw.call(next, "read", &serde_json::json!({}));
+        let answer = raw.answer(next);
+        let got: Vec<&str> = answer["result"]["structuredContent"]["messages"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{answer}"))
+            .iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(got, sent, "trial {trial}: {answer}");
+    }
+    drop(raw.to.take());
+    let _ = raw.server.wait();
+}
+
 /// A tool call whose params are not the shape of `tools/call` is invalid params (-32602), as
 /// MCP says, not an unknown method; a method the server does not have is -32601.
 #[test]

@@ -57,6 +57,11 @@ struct Doorbell {
     /// The last reads that moved the cursor, by request: a cancel that comes after the
     /// answer (which the client then ignores) undoes its read.
     reads: std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<(RequestId, Moved)>>>,
+    /// Reads, and the undoing of reads cancelled after their answer, one at a time in the
+    /// order their messages came: each takes its turn (a fair lock) when its task first
+    /// runs, and the runtime runs tasks in the order the messages were read. A read written
+    /// after a cancel then starts where the cancelled read began.
+    turns: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 /// How many answered reads a late cancel can still undo.
@@ -213,6 +218,7 @@ impl Doorbell {
             session: std::sync::Arc::new(session),
             tool_router: Self::tool_router(),
             reads: std::sync::Arc::default(),
+            turns: std::sync::Arc::default(),
         }
     }
 
@@ -297,6 +303,7 @@ impl Doorbell {
         // the cursor moves undoes the move here; one that comes after, in `on_cancelled`.
         let cancelled = context.ct.clone();
         let (request, reads) = (context.id.clone(), std::sync::Arc::clone(&self.reads));
+        let _turn = std::sync::Arc::clone(&self.turns).lock_owned().await;
         self.call(move |agent, bridge| {
             let (value, moved) = read(bridge, agent, max, &|| cancelled.is_cancelled())?;
             if let Some(moved) = moved {
@@ -613,10 +620,12 @@ impl ServerHandler for Doorbell {
             reads.remove(at).map(|(_, moved)| moved)
         });
         let (agent, session) = (self.agent.clone(), std::sync::Arc::clone(&self.session));
+        let turns = std::sync::Arc::clone(&self.turns);
         async move {
             let Some(moved) = moved else {
                 return;
             };
+            let _turn = turns.lock_owned().await;
             let undone =
                 tokio::task::spawn_blocking(move || unread(&session.bridge()?, &agent, moved))
                     .await;
@@ -640,8 +649,10 @@ impl ServerHandler for Doorbell {
 pub fn run(session: Session, agent: &str) -> anyhow::Result<i32> {
     // The agent must exist before a client is told the server is ready.
     session.bridge()?.require_inbox(agent)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+    // One thread, whose tasks run in the order they were spawned: the order in which the
+    // client's messages came (see `Doorbell::turns`). A multi-threaded runtime runs the task
+    // spawned last first. The work itself runs on blocking threads.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the MCP server's runtime")?;
