@@ -427,6 +427,17 @@ fn bad_requests(task: &str) -> Vec<Bad> {
             json!({"message": message(json!([{"url": "http://x/y.pdf", "mediaType": ["a"]}])),
                    "configuration": {"returnImmediately": true}}),
         ),
+        // On a text or data part too: the official client's parser refuses them there.
+        (
+            "a text part's mediaType that is no string",
+            json!({"message": message(json!([{"text": "x", "mediaType": 3}])),
+                   "configuration": {"returnImmediately": true}}),
+        ),
+        (
+            "a data part's filename that is no string",
+            json!({"message": message(json!([{"data": {"a": 1}, "filename": ["f"]}])),
+                   "configuration": {"returnImmediately": true}}),
+        ),
     ] {
         cases.push((what, Some(TOKEN), call("SendMessage", &params), 200, -32602));
     }

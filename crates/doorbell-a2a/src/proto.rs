@@ -373,6 +373,8 @@ pub fn incoming_part(i: usize, part: &Value) -> Result<send::Part, RpcError> {
     if contents.len() != 1 {
         return Err(bad("a part has exactly one of text, raw, url and data"));
     }
+    // Checked on every kind of part, though only a file keeps them.
+    let (filename, media_type) = (name("filename")?, name("mediaType")?);
     let value = &object[contents[0]];
     Ok(match contents[0] {
         "text" => send::Part::Text(
@@ -407,8 +409,8 @@ pub fn incoming_part(i: usize, part: &Value) -> Result<send::Part, RpcError> {
                 (None, Some(text))
             };
             send::Part::File {
-                name: name("filename")?,
-                mime_type: name("mediaType")?,
+                name: filename,
+                mime_type: media_type,
                 uri,
                 bytes,
             }
