@@ -523,6 +523,22 @@ fn a_read_of_none_and_a_misspelt_argument_are_errors() {
     let read = raw.answer(4);
     let messages = &read["result"]["structuredContent"]["messages"];
     assert_eq!(messages[0]["id"], id.trim(), "{read}");
+    // A tool that takes no argument refuses one too, rather than ignoring it.
+    for (id, tool) in [(5, "debts"), (6, "status")] {
+        raw.call(id, tool, &serde_json::json!({"verbose": true}));
+        let answer = raw.answer(id);
+        assert!(
+            answer["result"]["isError"] == true || answer["error"]["code"] == -32602,
+            "{tool}: {answer}"
+        );
+        assert!(answer.to_string().contains("verbose"), "{tool}: {answer}");
+        raw.call(id + 10, tool, &serde_json::json!({}));
+        let fine = raw.answer(id + 10);
+        assert!(
+            fine["result"]["structuredContent"].is_object(),
+            "{tool}: {fine}"
+        );
+    }
     drop(raw.to.take());
     let _ = raw.server.wait();
 }

@@ -82,6 +82,11 @@ fn unread(bridge: &Bridge, agent: &str, moved: Moved) -> anyhow::Result<bool> {
     Ok(cursor::rewind(bridge, agent, &inbox, moved.from, moved.to)?)
 }
 
+/// The arguments of a tool that takes none: any given is an error, never ignored.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct NoArgs {}
+
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct SendArgs {
@@ -357,7 +362,10 @@ impl Doorbell {
     }
 
     #[tool(description = "What you owe (with the command that pays it) and what you are owed.")]
-    async fn debts(&self) -> Result<CallToolResult, McpError> {
+    async fn debts(
+        &self,
+        Parameters(NoArgs {}): Parameters<NoArgs>,
+    ) -> Result<CallToolResult, McpError> {
         let program = self.session.program();
         self.call(move |agent, bridge| {
             let debts = view(bridge)?.debts_of(agent)?;
@@ -400,7 +408,10 @@ impl Doorbell {
     }
 
     #[tool(description = "Every station: unread, owes, is owed; the judge; refusals.")]
-    async fn status(&self) -> Result<CallToolResult, McpError> {
+    async fn status(
+        &self,
+        Parameters(NoArgs {}): Parameters<NoArgs>,
+    ) -> Result<CallToolResult, McpError> {
         self.call(move |_, bridge| {
             let status = doorbell_store::board::status(&mut view(bridge)?)?;
             Ok(serde_json::to_value(status)?)
