@@ -1072,6 +1072,51 @@ fn a_notice_longer_than_max_line_bytes_is_delivered_once_across_restarts() {
     assert_judged_once(&bridge);
 }
 
+/// Found by the model-based torture's long run: the judge's own notice, over a small
+/// `max_line_bytes`, copied into a new file of its inbox (an edit before it, a restore) was
+/// refused as `line-too-long`: only a notice whose intent was still open was read back
+/// whole. A line under the judge's seal is its own wherever it turns up: the copy of the
+/// notice, unread by its agent, is shown again from the new file as every unread copy is,
+/// never refused.
+#[test]
+fn a_copy_of_a_notice_longer_than_max_line_bytes_in_a_new_file_is_no_refusal() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let config = bridge.tmp.path().join("doorbell.toml");
+    let config_arg = config.to_str().unwrap().to_owned();
+    std::fs::write(&config, "max_line_bytes = 300\n").unwrap();
+    let once = || {
+        bridge
+            .doorbell(&["--config", &config_arg, "daemon", "--once"])
+            .ok();
+    };
+    refuse(&bridge, "01NOCORRELATION");
+    once();
+    let notice = bridge.lines("design")[0].clone();
+    assert!(notice.len() > 300, "the notice is {} bytes", notice.len());
+    assert_eq!(judged_in(&bridge, "design", 0), [(0, "a".to_owned())]);
+    // The inbox rewritten with a line before the notice: a new file, the notice copied in.
+    let first = line("01BEFORENOTICE", "web", "design", "note", "");
+    let mut rewritten = format!("{first}\n").into_bytes();
+    rewritten.extend_from_slice(&notice);
+    rewritten.push(b'\n');
+    let temp = bridge.dir().join("design-inbox.jsonl.new");
+    std::fs::write(&temp, &rewritten).unwrap();
+    std::fs::rename(&temp, bridge.inbox("design")).unwrap();
+    once();
+    let verdicts = judged_in(&bridge, "design", 1);
+    assert_eq!(
+        verdicts,
+        [
+            (0, "a".to_owned()),
+            (first.len() as u64 + 1, "a".to_owned())
+        ],
+        "{:?}",
+        judged(&bridge)
+    );
+    assert_eq!(notices_naming(&bridge, "01NOCORRELATION"), 1);
+    assert_judged_once(&bridge);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 8. The hook.
 
