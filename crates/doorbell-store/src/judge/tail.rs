@@ -482,9 +482,7 @@ impl Judge {
         let Some(bytes) = read(len)? else {
             return Ok(None);
         };
-        let sealed = self.seal.verifies(&bytes)
-            || (self.adopting.is_some() && crate::seal::carries_seal(&bytes));
-        Ok(sealed.then_some(bytes))
+        Ok(self.under_seal(&bytes).then_some(bytes))
     }
 
     /// Make sure the journal's view of the inbox belongs to this very file; start a new

@@ -630,6 +630,12 @@ impl Judge {
         }
     }
 
+    /// Whether `bytes` is a line the judge wrote, by its seal: under its key, or, while a
+    /// missing key's lines are adopted, under any.
+    pub(super) fn under_seal(&self, bytes: &[u8]) -> bool {
+        self.seal.verifies(bytes) || (self.adopting.is_some() && crate::seal::carries_seal(bytes))
+    }
+
     /// The verdict on one complete line, and whether it is a line of the judge's own that
     /// only its seal shows (the journal lost its intent).
     pub(super) fn judge_bytes<'a>(
@@ -644,7 +650,6 @@ impl Judge {
         let snapshot = &self.snapshot;
         let intents = &self.snapshot.intents;
         let seal = &self.seal;
-        let adopt = self.adopting.is_some();
         let sealed = std::cell::Cell::new(false);
         let own = |id: &str| match intents.get(id) {
             Some(intent) => {
@@ -652,7 +657,7 @@ impl Judge {
             }
             None if snapshot.is_own(id) => true,
             None => {
-                let verified = seal.verifies(bytes) || (adopt && crate::seal::carries_seal(bytes));
+                let verified = self.under_seal(bytes);
                 sealed.set(verified);
                 verified
             }
