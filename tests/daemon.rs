@@ -1117,6 +1117,35 @@ fn a_copy_of_a_notice_longer_than_max_line_bytes_in_a_new_file_is_no_refusal() {
     assert_judged_once(&bridge);
 }
 
+/// A notice exactly one byte longer than `max_line_bytes` reaches the judge as a complete
+/// line (the reader leaves room for a `\r`), not as an over-long one: the judge's rule for
+/// its own lines must hold there too, or it refuses its own notice as `line-too-long`.
+#[test]
+fn a_notice_one_byte_over_max_line_bytes_is_no_refusal() {
+    let notice_len = {
+        let bridge = Bridge::with_agents(&["web", "design", "human"]);
+        refuse(&bridge, "01NOCORRELATION");
+        bridge.doorbell(&["daemon", "--once"]).ok();
+        bridge.lines("design")[0].len()
+    };
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let config = bridge.tmp.path().join("doorbell.toml");
+    std::fs::write(&config, format!("max_line_bytes = {}\n", notice_len - 1)).unwrap();
+    refuse(&bridge, "01NOCORRELATION");
+    bridge
+        .doorbell(&["--config", config.to_str().unwrap(), "daemon", "--once"])
+        .ok();
+    assert_eq!(bridge.lines("design")[0].len(), notice_len);
+    assert_eq!(
+        judged_in(&bridge, "design", 0),
+        [(0, "a".to_owned())],
+        "{:?}",
+        judged(&bridge)
+    );
+    assert_eq!(notices_naming(&bridge, "01NOCORRELATION"), 1);
+    assert_judged_once(&bridge);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 8. The hook.
 

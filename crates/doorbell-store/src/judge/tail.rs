@@ -9,9 +9,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use doorbell_core::{Limits, Refusal, RefusalReason, Verdict};
+use doorbell_core::{Refusal, RefusalReason, Verdict};
 
-use super::verdicts::identity_of;
+use super::verdicts::{identity_of, names_reserved_id};
 use super::{CatchUp, HeldLines, Judge};
 use crate::append::open_inbox;
 use crate::hash::Marker;
@@ -352,16 +352,15 @@ impl Judge {
                     // Refusing one would leave its intent open, and every restart would write
                     // it again, never delivered.
                     if let Some(own) = self.own_line_at(name, file, offset, len)? {
-                        let limits = std::mem::replace(
-                            &mut self.limits,
-                            Limits {
-                                max_line_bytes: usize::MAX,
-                            },
+                        return self.judge_complete(
+                            name,
+                            gen,
+                            offset,
+                            &own,
+                            now,
+                            Some(held),
+                            stats,
                         );
-                        let judged =
-                            self.judge_complete(name, gen, offset, &own, now, Some(held), stats);
-                        self.limits = limits;
-                        return judged;
                     }
                     let refusal = Refusal::new(
                         RefusalReason::LineTooLong,
@@ -428,9 +427,10 @@ impl Judge {
         )
     }
 
-    /// The bytes of the over-long line at `offset` when it is the judge's own: exactly a line
-    /// it intended to write to this inbox and has not read back yet, or a line under its seal
-    /// (a copy of one it wrote, in a new file of the inbox; one whose intent the journal lost).
+    /// The bytes of the over-long line at `offset` when it is the judge's own (see
+    /// [`Judge::is_own_line`]). Only a line of a size the judge writes, whose head names a
+    /// reserved id (no one else may use one), or of the length of a line it means to write
+    /// here, is read whole to check it.
     pub(super) fn own_line_at(
         &self,
         name: &str,
@@ -451,38 +451,21 @@ impl Judge {
             .intents
             .values()
             .any(|i| i.inbox == name && i.line.len() as u64 == len);
-        if intended {
-            if let Some(bytes) = read(len)? {
-                let own = self
-                    .snapshot
-                    .intents
-                    .values()
-                    .any(|i| i.inbox == name && i.line.as_bytes() == bytes.as_slice());
-                if own {
-                    return Ok(Some(bytes));
-                }
+        if !intended {
+            if len > OWN_LINE_MOST {
+                return Ok(None);
             }
-        }
-        // Under the seal: only a line of a size the judge writes, whose head names a reserved
-        // id (no one else may use one), is read whole to check it.
-        if len > OWN_LINE_MOST {
-            return Ok(None);
-        }
-        let Some(head) = read(len.min(OWN_HEAD))? else {
-            return Ok(None);
-        };
-        let reserved = head
-            .strip_prefix(br#"{"id":""#)
-            .and_then(|rest| rest.split(|&b| b == b'"').next())
-            .and_then(|id| std::str::from_utf8(id).ok())
-            .is_some_and(doorbell_core::is_reserved_id);
-        if !reserved {
-            return Ok(None);
+            let Some(head) = read(len.min(OWN_HEAD))? else {
+                return Ok(None);
+            };
+            if !names_reserved_id(&head) {
+                return Ok(None);
+            }
         }
         let Some(bytes) = read(len)? else {
             return Ok(None);
         };
-        Ok(self.under_seal(&bytes).then_some(bytes))
+        Ok(self.is_own_line(name, &bytes).then_some(bytes))
     }
 
     /// Make sure the journal's view of the inbox belongs to this very file; start a new

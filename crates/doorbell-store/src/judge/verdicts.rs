@@ -6,7 +6,7 @@ use std::os::unix::fs::MetadataExt;
 
 use chrono::{DateTime, Utc};
 use doorbell_core::notice::refusal_key;
-use doorbell_core::{is_agent_name, judge_line, Envelope, Kind, RefusalReason, Verdict};
+use doorbell_core::{is_agent_name, judge_line, Envelope, Kind, Limits, RefusalReason, Verdict};
 
 use super::{Arrival, CatchUp, Judge};
 use crate::append::open_inbox;
@@ -194,6 +194,15 @@ pub(super) fn notice_covers(bytes: &[u8]) -> Vec<String> {
 /// (ids have no NUL).
 pub(super) fn turn_bucket(id: &str) -> String {
     format!("\0turn\0{id}")
+}
+
+/// Whether a line begins with an id only the bridge may use (`{"id":"bridge:…"`, as the
+/// judge writes its lines): the cheap test before a long line's seal is checked.
+pub(super) fn names_reserved_id(line: &[u8]) -> bool {
+    line.strip_prefix(br#"{"id":""#)
+        .and_then(|rest| rest.split(|&b| b == b'"').next())
+        .and_then(|id| std::str::from_utf8(id).ok())
+        .is_some_and(doorbell_core::is_reserved_id)
 }
 
 /// The id and sender a line claims, read as leniently as possible, for telling the sender
@@ -636,6 +645,20 @@ impl Judge {
         self.seal.verifies(bytes) || (self.adopting.is_some() && crate::seal::carries_seal(bytes))
     }
 
+    /// Whether `bytes`, a line of `name`'s inbox, is the judge's own whatever its length:
+    /// exactly a line it intends to write there and has not read back yet, or a line under
+    /// its seal whose first field is a reserved id (a copy of one it wrote, in a new file of
+    /// the inbox; one whose intent the journal lost). Its notices, rings and report notes can
+    /// be longer than a small `max_line_bytes`; refusing one would leave its intent open, and
+    /// every restart would write it again, never delivered.
+    pub(super) fn is_own_line(&self, name: &str, bytes: &[u8]) -> bool {
+        self.snapshot
+            .intents
+            .values()
+            .any(|i| i.inbox == name && i.line.as_bytes() == bytes)
+            || (names_reserved_id(bytes) && self.under_seal(bytes))
+    }
+
     /// The verdict on one complete line, and whether it is a line of the judge's own that
     /// only its seal shows (the journal lost its intent).
     pub(super) fn judge_bytes<'a>(
@@ -662,10 +685,18 @@ impl Judge {
                 verified
             }
         };
+        let unlimited = Limits {
+            max_line_bytes: usize::MAX,
+        };
+        let limits = if bytes.len() > self.limits.max_line_bytes && self.is_own_line(name, bytes) {
+            &unlimited
+        } else {
+            &self.limits
+        };
         let (verdict, envelope) = judge_line(
             bytes,
             name,
-            &self.limits,
+            limits,
             &self.registry,
             &self.snapshot.ledger,
             &own,
