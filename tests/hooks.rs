@@ -1065,3 +1065,55 @@ fn a_briefing_says_each_debt_and_its_command_once() {
     assert_eq!(text.matches(&command).count(), 1, "{text}");
     assert_eq!(text.matches("you owe design").count(), 1, "{text}");
 }
+
+/// The cap holds when the command the hook suggests is long (a config file deep in a
+/// project, about 250 characters in all): the stop's reason and the count of what is left
+/// out each repeat it, and the room kept for them grows with it.
+#[test]
+fn the_cap_holds_with_a_long_command() {
+    for harness in ["claude", "gemini"] {
+        let bridge = Bridge::with_agents(&["web", "design"]);
+        let deep = bridge.tmp.path().join("c".repeat(100)).join("d".repeat(90));
+        std::fs::create_dir_all(&deep).unwrap();
+        let config = deep.join("doorbell.toml");
+        std::fs::write(&config, "hook_max_chars = 1500\n").unwrap();
+        let config = config.to_string_lossy().into_owned();
+        for n in 0..30 {
+            bridge.send(
+                "design",
+                "web",
+                &format!("note {n}: {}", "words ".repeat(30)),
+            );
+        }
+        for n in 0..4 {
+            asks(&bridge, &format!("question {n}?"));
+        }
+        for moment in ["start", "stop", "prompt"] {
+            let event = event(harness, moment);
+            let run = bridge.doorbell_stdin(
+                &[
+                    "--config",
+                    &config,
+                    "hook",
+                    event,
+                    "--agent",
+                    "web",
+                    "--harness",
+                    harness,
+                ],
+                &payload(harness, event),
+            );
+            assert_eq!(run.code, 0, "{harness} {event}: {run:?}");
+            let answer: Value = serde_json::from_str(&run.stdout)
+                .unwrap_or_else(|e| panic!("{harness} {event}: {e}: {run:?}"));
+            let text = if moment == "stop" {
+                blocked(harness, &answer)
+            } else {
+                context(harness, event, &answer)
+            };
+            assert!(text.contains(&config), "{harness} {event}: {text}");
+            let units = text.encode_utf16().count();
+            assert!(units <= 1500, "{harness} {event}: {units} units: {text}");
+        }
+    }
+}
