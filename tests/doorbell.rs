@@ -1408,6 +1408,45 @@ fn a_debt_of_a_station_whose_inbox_is_gone_is_said() {
     assert_eq!(shown["owed"]["rings"], 0, "{shown}");
 }
 
+/// A debt whose debtor has no inbox (deleted, or renamed) cannot be rung: the human hears of
+/// it once, when the first ring was due, saying why. Before, no ring and no escalation was
+/// ever written. The inbox made again, the requester can cancel, as `status` says.
+#[test]
+fn a_debt_whose_debtor_has_no_inbox_is_escalated_once() {
+    let bridge = bridge(&["web", "design", "human"]);
+    let config = config(&bridge, "1s", 1.0, 2);
+    let id = request(&bridge, "design", "web", "ETA?");
+    bridge
+        .doorbell(&["--config", &config, "daemon", "--once"])
+        .ok();
+    std::fs::remove_file(bridge.inbox("web")).unwrap();
+    let _daemon = Daemon::start(&bridge, &["--config", &config]);
+    let escalations = wait_notes(&bridge, "human", &id, 1);
+    let escalation = message(&bridge, "human", &escalations[0]);
+    let text = escalation["message"]["parts"][0]["text"].as_str().unwrap();
+    assert!(
+        text.contains(&format!("web has owed design an answer on {id}"))
+            && text.contains("has not been rung: it has no inbox"),
+        "{text}"
+    );
+    // Once: another debt's two rings (1 s apart) pass, and no second escalation comes.
+    let other = request(&bridge, "design", "human", "and the footer?");
+    wait_notes(&bridge, "human", &other, 2);
+    assert_eq!(loop_notes(&bridge, "human", &id), escalations);
+    let status = bridge.doorbell(&["--config", &config, "status"]);
+    assert!(
+        status.stderr.contains(&format!(
+            "(doorbell agent add web); then design can cancel it (doorbell cancel {id} --from design)"
+        )),
+        "{}",
+        status.stderr
+    );
+    bridge.doorbell(&["agent", "add", "web"]).ok();
+    bridge
+        .doorbell(&["--config", &config, "cancel", &id, "--from", "design"])
+        .ok();
+}
+
 /// Lines a stopped (or stuck) judge has not judged are counted nowhere: `status` says they
 /// wait, once they have waited a while, rather than "0 unread".
 #[test]

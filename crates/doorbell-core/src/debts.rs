@@ -197,8 +197,6 @@ pub fn waiting(request: &Request) -> String {
     }
 }
 
-/// The escalation of `request` to the human station. `held_back`: its last ring is not in
-/// the debtor's inbox yet (the inbox could not be written), so it is not counted as rung.
 /// "once", "twice", "N times".
 fn times(n: u32) -> String {
     match n {
@@ -208,23 +206,44 @@ fn times(n: u32) -> String {
     }
 }
 
+/// Whether the debtor's rings reached it, as an escalation says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reached {
+    /// Every ring was written to its inbox.
+    Every,
+    /// The last ring could not be written yet (another process holds the inbox, a write
+    /// fails).
+    HeldBack,
+    /// The debtor has no inbox: no ring can be written.
+    NoInbox,
+}
+
+/// The escalation of `request` to the human station; `reached` says whether the debtor's
+/// rings reached it (one not in its inbox is not counted as rung).
 #[must_use]
 pub fn escalation_note(
     request: &Request,
     human: &str,
-    held_back: bool,
+    reached: Reached,
     now: DateTime<Utc>,
 ) -> Notice {
-    let rang = if held_back && request.rings <= 1 {
-        "has not been rung: ring 1 could not be written to its inbox yet".to_owned()
-    } else if held_back {
-        format!(
+    let rang = match reached {
+        Reached::HeldBack if request.rings <= 1 => {
+            "has not been rung: ring 1 could not be written to its inbox yet".to_owned()
+        }
+        Reached::HeldBack => format!(
             "rang {} without an answer, and ring {} could not be written to its inbox yet",
             times(request.rings - 1),
             request.rings
-        )
-    } else {
-        format!("rang {} without an answer", times(request.rings))
+        ),
+        Reached::NoInbox if request.rings == 0 => {
+            "has not been rung: it has no inbox (deleted or renamed?)".to_owned()
+        }
+        Reached::NoInbox => format!(
+            "rang {} without an answer, and it has no inbox now (deleted or renamed?)",
+            times(request.rings)
+        ),
+        Reached::Every => format!("rang {} without an answer", times(request.rings)),
     };
     let text = format!(
         "doorbell: {} has owed {} an answer on {} ({}) for {}; {rang}. \

@@ -15,7 +15,7 @@ use std::time::Duration as StdDuration;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use doorbell_core::debts::{
-    escalation_id, escalation_note, interval, next_due, ring_id, ring_note, Due, Schedule,
+    escalation_id, escalation_note, interval, next_due, ring_id, ring_note, Due, Reached, Schedule,
 };
 use doorbell_core::notice::Notice;
 use doorbell_core::{
@@ -212,7 +212,7 @@ impl Sim {
                 request.debtor_station().to_owned(),
             ),
             Due::Escalate => (
-                escalation_note(&request, HUMAN, false, now),
+                escalation_note(&request, HUMAN, Reached::Every, now),
                 HUMAN.to_owned(),
             ),
         };

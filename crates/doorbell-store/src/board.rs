@@ -354,8 +354,9 @@ pub fn status(view: &mut View) -> Result<Status> {
             let or_cancel = if gone == requester {
                 String::new()
             } else {
+                // A cancel is written to the addressee's inbox: not before it is one again.
                 format!(
-                    ", or {requester} cancels it (doorbell cancel {} --from {requester})",
+                    "; then {requester} can cancel it (doorbell cancel {} --from {requester})",
                     debt.id
                 )
             };

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use doorbell_core::debts::{
-    escalation_id, escalation_note, next_due, ring_id, ring_note, Due, Schedule,
+    escalation_id, escalation_note, next_due, ring_id, ring_note, Due, Reached, Schedule,
 };
 use doorbell_core::notice::{refusal_notice, RefusedLine, MAX_PER_NOTICE};
 
@@ -208,9 +208,10 @@ impl Judge {
             .filter_map(|r| {
                 let (at, due) = next_due(r, &schedule, human)?;
                 // No ring behind one the debtor's inbox has not taken yet (another process
-                // holds its lock, a write fails): the human hears of it instead, once.
+                // holds its lock, a write fails), nor to a debtor with no inbox (deleted or
+                // renamed): the human hears of it instead, once.
                 let due = match due {
-                    Due::Ring(_) if self.ring_held_back(r) => {
+                    Due::Ring(_) if self.rings_reach(r) != Reached::Every => {
                         if r.escalated || r.debtor_station() == human.as_str() {
                             return None;
                         }
@@ -229,13 +230,23 @@ impl Judge {
             .collect()
     }
 
-    /// Whether the last ring of `request`'s epoch is meant but not yet in the debtor's inbox.
-    fn ring_held_back(&self, request: &doorbell_core::Request) -> bool {
-        request.rings > 0
+    /// Whether `request`'s rings reach its debtor: not when the last one is meant but not
+    /// yet in its inbox, nor when it has no inbox (a station that is no `[[loop]]`).
+    fn rings_reach(&self, request: &doorbell_core::Request) -> Reached {
+        let debtor = request.debtor_station();
+        let is_loop = self.registry.knows(debtor) && !self.registry.is_station(debtor);
+        if !self.inbox_names.contains(debtor) && !is_loop {
+            Reached::NoInbox
+        } else if request.rings > 0
             && self
                 .snapshot
                 .intents
                 .contains_key(&ring_id(request, request.rings))
+        {
+            Reached::HeldBack
+        } else {
+            Reached::Every
+        }
     }
 
     /// When the doorbell next has something to ring or escalate, if ever. Without every
@@ -289,7 +300,7 @@ impl Judge {
             let (notice, ring) = match due {
                 Due::Ring(n) => (ring_note(&request, n, max_rings, now), n),
                 Due::Escalate => (
-                    escalation_note(&request, &human, self.ring_held_back(&request), now),
+                    escalation_note(&request, &human, self.rings_reach(&request), now),
                     0,
                 ),
             };
