@@ -1146,6 +1146,34 @@ fn a_notice_one_byte_over_max_line_bytes_is_no_refusal() {
     assert_judged_once(&bridge);
 }
 
+/// An inbox deleted while the daemon runs is no station from then on (the stations are the
+/// inbox files), as for a catch-up after it and for the senders: a line from it is refused
+/// `unknown-sender`. Before, the running daemon kept it a station until a reload, accepted
+/// its lines and put debts on others that nobody could answer.
+#[test]
+fn an_inbox_deleted_while_the_daemon_runs_is_no_station_from_then_on() {
+    let bridge = Bridge::with_agents(&["web", "design", "human", "data"]);
+    let mut daemon = Daemon::start(&bridge, &[]);
+    bridge.append_raw("data", note("01BEFORE", "data").as_bytes());
+    bridge.wait_for(PATIENCE, "the note to data judged", |b| {
+        judged_in(b, "data", 0).len() == 1
+    });
+    std::fs::remove_file(bridge.inbox("data")).unwrap();
+    daemon.expect_stderr("inbox was replaced or deleted", PATIENCE);
+    let from_data = line("01FROMGONE", "data", "web", "request", "");
+    bridge.append_raw("web", format!("{from_data}\n").as_bytes());
+    bridge.wait_for(PATIENCE, "the line from data judged", |b| {
+        !judged_in(b, "web", 0).is_empty()
+    });
+    assert_eq!(
+        verdict_of(&bridge, "web", "01FROMGONE"),
+        ("r".to_owned(), Some("unknown-sender".to_owned())),
+        "{:?}",
+        judged(&bridge)
+    );
+    assert!(!bridge.doorbell(&["debts"]).ok().contains("01FROMGONE"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // 8. The hook.
 

@@ -235,7 +235,7 @@ impl Judge {
         self.refresh_registry()
     }
 
-    fn refresh_registry(&mut self) -> Result<()> {
+    pub(super) fn refresh_registry(&mut self) -> Result<()> {
         // One listing of the folder for both.
         let inboxes = self.bridge.inboxes()?;
         self.registry = self.bridge.registry_of(inboxes.clone())?;

@@ -84,6 +84,11 @@ impl Judge {
             }
         }
         if at_path.is_none() {
+            // Deleted or renamed: no station from now on (the stations are the inbox
+            // files), as for a judge that starts after it.
+            if self.inbox_names.contains(name) {
+                self.refresh_registry()?;
+            }
             return Ok(None);
         }
         let file = match open_inbox(&path, false) {
