@@ -14,8 +14,91 @@ use std::time::{Duration, Instant};
 
 use crate::{Error, Result};
 
+/// Lock `file` (at `path`), an inbox opened for this one append and closed after it, waiting
+/// at most `wait` for a process that holds it: then the error `locked` makes, never a wait
+/// for good.
+///
+/// The wait is a blocked `flock` on a thread of its own, woken by the kernel when the holder
+/// lets go, as the shell sender's `flock -w` waits: a writer that polled lost the lock to
+/// every blocked one under a steady stream of writers, and gave up. The thread locks a
+/// duplicate of `file` (the same open file, so the lock is `file`'s); one that gets the lock
+/// after the wait was given up lets it go at once, which is safe only because nobody locks
+/// this open file again. A thread given up on stays blocked until the holder lets go: past
+/// [`MOST_WAITERS`] of them (a holder that hangs, a long-lived process asking again and
+/// again), the wait polls instead.
+fn lock_fresh_within(
+    file: &std::fs::File,
+    path: &Path,
+    wait: Duration,
+    locked: impl FnOnce() -> Error,
+) -> Result<()> {
+    use std::sync::atomic::Ordering;
+    use std::sync::{mpsc, Arc, Mutex, PoisonError};
+    match file.try_lock() {
+        Ok(()) => return Ok(()),
+        Err(std::fs::TryLockError::WouldBlock) if !wait.is_zero() => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Err(locked()),
+        Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("lock", path)(e)),
+    }
+    if WAITERS.fetch_add(1, Ordering::SeqCst) >= MOST_WAITERS {
+        WAITERS.fetch_sub(1, Ordering::SeqCst);
+        return lock_file_within(file, path, wait, locked);
+    }
+    let waiter = match file.try_clone() {
+        Ok(waiter) => waiter,
+        Err(e) => {
+            WAITERS.fetch_sub(1, Ordering::SeqCst);
+            return Err(Error::io("lock", path)(e));
+        }
+    };
+    // What became of the wait, decided once under the mutex: taken by the thread, or given
+    // up by this one (then a lock the thread gets later is let go).
+    let outcome: Arc<Mutex<Option<bool>>> = Arc::new(Mutex::new(None));
+    let (done, finished) = mpsc::channel();
+    let shared = Arc::clone(&outcome);
+    let spawned = std::thread::Builder::new()
+        .name("lock-wait".to_owned())
+        .spawn(move || {
+            let result = waiter.lock();
+            if result.is_ok() {
+                let mut outcome = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                if *outcome == Some(false) {
+                    let _ = waiter.unlock();
+                } else {
+                    *outcome = Some(true);
+                }
+            }
+            WAITERS.fetch_sub(1, Ordering::SeqCst);
+            let _ = done.send(result);
+        });
+    if let Err(e) = spawned {
+        WAITERS.fetch_sub(1, Ordering::SeqCst);
+        return Err(Error::io("lock", path)(e));
+    }
+    match finished.recv_timeout(wait) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(Error::io("lock", path)(e)),
+        Err(_) => {
+            let mut outcome = outcome.lock().unwrap_or_else(PoisonError::into_inner);
+            if *outcome == Some(true) {
+                // Taken right as the wait ended: it is ours.
+                return Ok(());
+            }
+            *outcome = Some(false);
+            Err(locked())
+        }
+    }
+}
+
+/// The threads of this process blocked in a lock's wait ([`lock_file_within`]).
+static WAITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many threads may wait blocked at once; past them, waits poll.
+const MOST_WAITERS: usize = 4;
+
 /// Lock `file` (at `path`), waiting at most `wait` for a process that holds it: then the
-/// error `locked` makes, never a wait for good.
+/// error `locked` makes, never a wait for good. It tries again after a pause that doubles up
+/// to 50 ms.
 pub(crate) fn lock_file_within(
     file: &std::fs::File,
     path: &Path,
@@ -76,7 +159,7 @@ fn open_locked(path: &Path, wait: Duration) -> Result<File> {
         let file = open_inbox(path, true)?;
         // Said with the whole wait, however much of it a replaced file took.
         let left = until.saturating_duration_since(Instant::now());
-        lock_file_within(&file, path, left, || Error::InboxLocked {
+        lock_fresh_within(&file, path, left, || Error::InboxLocked {
             path: path.to_path_buf(),
             secs: wait.as_secs_f64(),
         })?;
@@ -191,4 +274,66 @@ fn write_counted(file: &mut impl Write, buf: &[u8], written: &mut usize) -> std:
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wait given up leaves no lock behind: the thread that gets it later lets it go, and
+    /// another open file of the inbox takes it. Within its time, a wait gets the lock the
+    /// moment the holder lets go.
+    #[test]
+    fn a_wait_given_up_leaves_no_lock_and_a_wait_in_time_gets_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("web-inbox.jsonl");
+        std::fs::write(&path, b"").unwrap();
+        let holder = File::open(&path).unwrap();
+        holder.lock().unwrap();
+        let late = File::open(&path).unwrap();
+        let gave_up = lock_fresh_within(&late, &path, Duration::from_millis(50), || {
+            Error::InboxLocked {
+                path: path.clone(),
+                secs: 0.05,
+            }
+        });
+        assert!(
+            matches!(gave_up, Err(Error::InboxLocked { .. })),
+            "{gave_up:?}"
+        );
+        drop(late);
+        // The holder lets go while a second wait is on: it gets the lock.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiting = std::thread::scope(|scope| {
+            let path = &path;
+            let waiting = scope.spawn(move || {
+                let file = File::open(path).unwrap();
+                tx.send(()).unwrap();
+                let got = lock_fresh_within(&file, path, Duration::from_secs(20), || {
+                    Error::InboxLocked {
+                        path: path.clone(),
+                        secs: 20.0,
+                    }
+                });
+                (got.is_ok(), file)
+            });
+            rx.recv().unwrap();
+            holder.unlock().unwrap();
+            waiting.join().unwrap()
+        });
+        assert!(waiting.0, "the wait in time did not get the lock");
+        drop(waiting.1);
+        // Nothing holds it now: the given-up wait's thread let go of what it got.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let third = File::open(&path).unwrap();
+        loop {
+            match third.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::yield_now();
+                }
+                Err(e) => panic!("the lock was left held: {e:?}"),
+            }
+        }
+    }
 }
