@@ -251,12 +251,14 @@ fn swapping_path(bridge: &Bridge, inbox: &Path, target: &Path) -> std::ffi::OsSt
     let bin = bridge.tmp.path().join("swap-bin");
     std::fs::create_dir_all(&bin).unwrap();
     let saved = inbox.with_extension("saved");
-    let date = format!(
+    // `iconv` runs between the script's checks of the inbox and its open (it escapes a text
+    // that is not plain ASCII); `flock` once the inbox is open.
+    let iconv = format!(
         "#!/bin/sh\nif [ -f '{inbox}' ] && [ ! -L '{inbox}' ]; then mv '{inbox}' '{saved}' && ln -s '{target}' '{inbox}'; fi\nexec '{real}' \"$@\"\n",
         inbox = inbox.display(),
         saved = saved.display(),
         target = target.display(),
-        real = which("date").display(),
+        real = which("iconv").display(),
     );
     let flock = format!(
         "#!/bin/sh\nif [ -L '{inbox}' ] && [ -f '{saved}' ]; then rm '{inbox}' && mv '{saved}' '{inbox}'; fi\nexec '{real}' \"$@\"\n",
@@ -264,7 +266,7 @@ fn swapping_path(bridge: &Bridge, inbox: &Path, target: &Path) -> std::ffi::OsSt
         saved = saved.display(),
         real = which("flock").display(),
     );
-    for (name, text) in [("date", date), ("flock", flock)] {
+    for (name, text) in [("iconv", iconv), ("flock", flock)] {
         let path = bin.join(name);
         std::fs::write(&path, text).unwrap();
         std::fs::set_permissions(
@@ -289,7 +291,7 @@ fn script_refuses_to_append_through_a_symlink() {
     let outside = bridge.tmp.path().join("victim.txt");
     std::fs::write(&outside, "precious\n").unwrap();
     let path = swapping_path(&bridge, &bridge.inbox("web"), &outside);
-    let mut command = bridge.script_command(&["--to", "web", "--from", "design", "SWAPPED"]);
+    let mut command = bridge.script_command(&["--to", "web", "--from", "design", "SWAPPÉ"]);
     command.env("PATH", &path);
     let script = run(command, None);
     assert_eq!(
@@ -306,7 +308,7 @@ fn script_refuses_to_append_through_a_symlink() {
     let bridge = Bridge::with_agents(&["web", "design"]);
     let created = bridge.tmp.path().join("created.txt");
     let path = swapping_path(&bridge, &bridge.inbox("web"), &created);
-    let mut command = bridge.script_command(&["--to", "web", "--from", "design", "SWAPPED"]);
+    let mut command = bridge.script_command(&["--to", "web", "--from", "design", "SWAPPÉ"]);
     command.env("PATH", &path);
     let script = run(command, None);
     assert_ne!(script.code, 0, "{script:?}");

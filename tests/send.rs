@@ -438,47 +438,57 @@ fn a_send_goes_by_the_running_judges_config_until_it_reloads() {
 
 /// A sender that waits for an inbox's lock stamps its line's `createdAt` once it has the
 /// lock: after the line written meanwhile, in the order a judge reads them (a catch-up
-/// orders crossing answers by `createdAt`).
+/// orders crossing answers by `createdAt`). Both senders: the shell sender stamped its line
+/// before it waited, up to its `--timeout` too early.
 #[test]
 fn a_sender_that_waited_for_the_lock_stamps_its_line_after_the_lines_written_meanwhile() {
-    let bridge = Bridge::with_agents(&["web", "design", "ops"]);
-    let inbox = std::fs::OpenOptions::new()
-        .append(true)
-        .open(bridge.inbox("web"))
-        .unwrap();
-    inbox.lock().unwrap();
-    let mut sender = bridge.command(&["send", "--from", "design", "--to", "web", "late"]);
-    sender
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let mut sender = sender.spawn().unwrap();
-    // The sender has its line and waits for the lock.
-    let pid = sender.id();
-    bridge.wait_for(
-        std::time::Duration::from_secs(20),
-        "the sender to open web's inbox",
-        |_| crate::util::has_open(pid, "web-inbox.jsonl"),
-    );
-    // Meanwhile the lock's holder writes its own line, stamped in a later millisecond than
-    // any the sender could have stamped before it waited.
-    let seen = chrono::Utc::now().timestamp_millis();
-    let now = loop {
-        let now = chrono::Utc::now();
-        if now.timestamp_millis() > seen {
-            break now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-        }
-    };
-    let own = crate::util::line("01HOLDER", "ops", "web", "note", "")
-        .replace("2026-11-29T10:00:00Z", &now);
-    assert!(own.contains(&now), "{own}");
-    std::io::Write::write_all(&mut &inbox, format!("{own}\n").as_bytes()).unwrap();
-    drop(inbox);
-    assert!(sender.wait().unwrap().success());
-    let lines = bridge.lines("web");
-    assert_eq!(lines.len(), 2);
-    let late: serde_json::Value = serde_json::from_slice(&lines[1]).unwrap();
-    let late = late["createdAt"].as_str().unwrap();
-    assert!(late >= now.as_str(), "stamped {late}, before {now}");
+    for script in [false, true] {
+        let bridge = Bridge::with_agents(&["web", "design", "ops"]);
+        let inbox = std::fs::OpenOptions::new()
+            .append(true)
+            .open(bridge.inbox("web"))
+            .unwrap();
+        inbox.lock().unwrap();
+        let mut sender = if script {
+            bridge.script_command(&["--from", "design", "--to", "web", "late"])
+        } else {
+            bridge.command(&["send", "--from", "design", "--to", "web", "late"])
+        };
+        sender
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let mut sender = sender.spawn().unwrap();
+        // The sender has its line and waits for the lock.
+        let pid = sender.id();
+        bridge.wait_for(
+            std::time::Duration::from_secs(20),
+            "the sender to open web's inbox",
+            |_| crate::util::has_open(pid, "web-inbox.jsonl"),
+        );
+        // Meanwhile the lock's holder writes its own line, stamped in a later millisecond
+        // than any the sender could have stamped before it waited.
+        let seen = chrono::Utc::now().timestamp_millis();
+        let now = loop {
+            let now = chrono::Utc::now();
+            if now.timestamp_millis() > seen {
+                break now.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+            }
+        };
+        let own = crate::util::line("01HOLDER", "ops", "web", "note", "")
+            .replace("2026-11-29T10:00:00Z", &now);
+        assert!(own.contains(&now), "{own}");
+        std::io::Write::write_all(&mut &inbox, format!("{own}\n").as_bytes()).unwrap();
+        drop(inbox);
+        assert!(sender.wait().unwrap().success());
+        let lines = bridge.lines("web");
+        assert_eq!(lines.len(), 2);
+        let late: serde_json::Value = serde_json::from_slice(&lines[1]).unwrap();
+        let late = late["createdAt"].as_str().unwrap();
+        assert!(
+            late >= now.as_str(),
+            "script {script}: stamped {late}, before {now}"
+        );
+    }
 }
 
 #[test]
