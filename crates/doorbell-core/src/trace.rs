@@ -68,10 +68,14 @@ pub fn trace(steps: &[Step]) -> Option<Trace> {
     let mut waits = Vec::with_capacity(steps.len());
     let mut held: Vec<Held> = Vec::new();
     let mut previous: Option<&Step> = None;
+    // Who has the thread: the recipient of its last message from a station. A ring, an
+    // escalation or a notice (from a built-in loop) hands nothing over: the debtor still has
+    // the thread while the human is told.
+    let mut has_it: Option<&String> = None;
     for step in steps {
         let (since, holder) = match previous {
             None => (0, None),
-            Some(before) => ((step.at - before.at).num_seconds().max(0), Some(&before.to)),
+            Some(before) => ((step.at - before.at).num_seconds().max(0), has_it),
         };
         if let Some(holder) = holder {
             match held.iter_mut().find(|h| &h.agent == holder) {
@@ -94,6 +98,9 @@ pub fn trace(steps: &[Step]) -> Option<Trace> {
             held_by: holder.cloned(),
         });
         previous = Some(step);
+        if has_it.is_none() || !crate::name::is_builtin_loop(&step.from) {
+            has_it = Some(&step.to);
+        }
     }
     held.sort_by(|a, b| b.secs.cmp(&a.secs).then_with(|| a.agent.cmp(&b.agent)));
     Some(Trace {
@@ -152,6 +159,27 @@ mod tests {
         assert_eq!(held, [("web", 4200, 2), ("design", 60, 1)]);
         assert_eq!(t.longest().unwrap().agent, "web");
         assert_eq!(span(4200), "1 h 10 min");
+    }
+
+    /// Rings and an escalation hand nothing over: the wait until the answer is the debtor's,
+    /// not the human's the escalation went to.
+    #[test]
+    fn a_ring_or_an_escalation_leaves_the_thread_with_the_debtor() {
+        let t = trace(&[
+            step("r1", "design", "web", 0),
+            step("ring:1", "debt-loop", "web", 1800),
+            step("escalation:1", "debt-loop", "human", 5400),
+            step("a1", "web", "design", 90_000),
+        ])
+        .unwrap();
+        let by: Vec<Option<&str>> = t.steps.iter().map(|s| s.held_by.as_deref()).collect();
+        assert_eq!(by, [None, Some("web"), Some("web"), Some("web")]);
+        let held: Vec<(&str, i64, u32)> = t
+            .held
+            .iter()
+            .map(|h| (h.agent.as_str(), h.secs, h.waits))
+            .collect();
+        assert_eq!(held, [("web", 90_000, 3)]);
     }
 
     #[test]
