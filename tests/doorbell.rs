@@ -1447,6 +1447,38 @@ fn a_debt_whose_debtor_has_no_inbox_is_escalated_once() {
         .ok();
 }
 
+/// The doorbell's own lines are no sign of life: an agent rung for a request it never
+/// answered shows, in `status`, when the request came, not when the ring did.
+#[test]
+fn a_ring_does_not_make_a_silent_agent_look_active() {
+    let bridge = bridge(&["web", "design", "human"]);
+    let config = config(&bridge, "1s", 1.0, 1);
+    let _daemon = Daemon::start(&bridge, &["--config", &config]);
+    let id = request(&bridge, "design", "web", "ETA?");
+    let asked = wait_accepted(&bridge, &id);
+    let rings = wait_notes(&bridge, "web", &id, 1);
+    let rung = wait_accepted(&bridge, &rings[0]);
+    assert!(rung - asked >= 1000, "rung {} ms after", rung - asked);
+    let status: Value = serde_json::from_str(
+        bridge
+            .doorbell(&["--config", &config, "status", "--json"])
+            .ok(),
+    )
+    .unwrap();
+    let web = status["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "web")
+        .unwrap();
+    let at = |ms: i64| {
+        chrono::DateTime::from_timestamp_millis(ms)
+            .unwrap()
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    };
+    assert_eq!(web["lastActivity"], at(asked).as_str(), "{status}");
+}
+
 /// Lines a stopped (or stuck) judge has not judged are counted nowhere: `status` says they
 /// wait, once they have waited a while, rather than "0 unread".
 #[test]

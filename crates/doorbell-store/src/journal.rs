@@ -209,7 +209,8 @@ pub struct InboxJournal {
     /// Lines past `judged_to` that already have a verdict (judged out of order): offset to
     /// span.
     pub judged_beyond: BTreeMap<u64, u64>,
-    /// When the judge last accepted a line here (milliseconds since the epoch).
+    /// When the judge last accepted a line here from a station, not from a built-in loop
+    /// (milliseconds since the epoch).
     #[serde(default)]
     pub last_accepted_at: i64,
     /// When this generation began (milliseconds since the epoch; 0 for the first, or one
@@ -330,7 +331,12 @@ impl InboxJournal {
             _ if record.gen != self.gen => false,
             verdict => {
                 if verdict == Word::Accepted {
-                    self.last_accepted_at = record.seen_at;
+                    // A ring, a notice or a report note is no sign of life: a silent agent
+                    // rung every hour must not look active.
+                    let from = record.line.as_ref().map(|l| l.from.as_str());
+                    if !from.is_some_and(|f| doorbell_core::BUILTIN_LOOPS.contains(&f)) {
+                        self.last_accepted_at = record.seen_at;
+                    }
                     // A copy of an unread line of the file replaced, shown again.
                     if let (None, Some(id)) = (&record.line, &record.id) {
                         self.redelivered.insert(id.clone());
