@@ -19,8 +19,8 @@ pub fn time_back(flag: &str, text: &str, now: DateTime<Utc>) -> anyhow::Result<D
     if let Ok(t) = DateTime::parse_from_rfc3339(text) {
         return Ok(t.with_timezone(&Utc));
     }
-    let back = doorbell_core::duration::parse_duration(text)
-        .map_err(|e| refused(format!("{flag}: {e}; or give an RFC 3339 time")))?;
+    let back =
+        doorbell_core::duration::parse_duration(text).map_err(|e| bad_time(flag, text, &e))?;
     chrono::Duration::from_std(back)
         .ok()
         .and_then(|back| now.checked_sub_signed(back))
@@ -29,6 +29,22 @@ pub fn time_back(flag: &str, text: &str, now: DateTime<Utc>) -> anyhow::Result<D
                 "{flag}: {text} goes back before any time this can say"
             ))
         })
+}
+
+/// Why `text` is neither an RFC 3339 time nor a duration, for `flag`: what an RFC 3339 parser
+/// says of it when it looks like a date (`2026-13-01T00:00:00Z`: month out of range), else
+/// what the duration parser says.
+pub fn bad_time(flag: &str, text: &str, duration_error: &str) -> anyhow::Error {
+    let bytes = text.as_bytes();
+    let dated = bytes.len() > 4 && bytes[..4].iter().all(u8::is_ascii_digit) && bytes[4] == b'-';
+    match DateTime::parse_from_rfc3339(text) {
+        Err(e) if dated => refused(format!(
+            "{flag}: '{text}' is not an RFC 3339 time ({e}), such as 2026-12-01T09:00:00Z"
+        )),
+        _ => refused(format!(
+            "{flag}: {duration_error}; or give an RFC 3339 time"
+        )),
+    }
 }
 
 /// The window's start: `--since`, else the last daily report, else 24 hours ago. The daily

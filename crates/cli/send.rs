@@ -45,8 +45,8 @@ pub fn parse_time(text: &str, now: DateTime<Utc>) -> anyhow::Result<String> {
     let at = if let Ok(t) = DateTime::parse_from_rfc3339(text) {
         t.with_timezone(&Utc)
     } else {
-        let after = parse_duration(text)
-            .map_err(|e| refused(format!("--reply-by: {e}; or give an RFC 3339 time")))?;
+        let after =
+            parse_duration(text).map_err(|e| crate::report::bad_time("--reply-by", text, &e))?;
         let after = chrono::Duration::from_std(after)
             .map_err(|_| refused(format!("--reply-by '{text}' is too far away")))?;
         now.checked_add_signed(after)
@@ -216,5 +216,27 @@ mod tests {
             "9999-12-31T22:59:59Z"
         );
         assert_eq!(parse_time("1h", now).unwrap(), "9999-12-31T01:00:00Z");
+    }
+
+    /// A time that is no RFC 3339 time is refused for what is wrong with it as a time, not
+    /// as a duration missing its unit.
+    #[test]
+    fn a_bad_time_is_refused_as_a_time() {
+        let now = Utc::now();
+        for (text, said) in [
+            (
+                "2026-13-01T00:00:00Z",
+                "is not an RFC 3339 time (input is out of range)",
+            ),
+            (
+                "2026-12-01",
+                "is not an RFC 3339 time (premature end of input)",
+            ),
+            ("99999", "needs a unit"),
+            ("3x", "unknown unit 'x'"),
+        ] {
+            let error = parse_time(text, now).unwrap_err().to_string();
+            assert!(error.contains(said), "{text}: {error}");
+        }
     }
 }
