@@ -137,6 +137,14 @@ mod tests {
         }
     }
 
+    /// Each holder's agent, time and waits, as the trace orders them.
+    fn held_of(t: &Trace) -> Vec<(&str, i64, u32)> {
+        t.held
+            .iter()
+            .map(|h| (h.agent.as_str(), h.secs, h.waits))
+            .collect()
+    }
+
     #[test]
     fn the_wait_before_a_message_is_held_by_the_previous_recipient() {
         let t = trace(&[
@@ -151,12 +159,7 @@ mod tests {
         assert_eq!(since, [0, 600, 60, 3600]);
         assert_eq!(t.steps[0].held_by, None);
         assert_eq!(t.steps[1].held_by.as_deref(), Some("web"));
-        let held: Vec<(&str, i64, u32)> = t
-            .held
-            .iter()
-            .map(|h| (h.agent.as_str(), h.secs, h.waits))
-            .collect();
-        assert_eq!(held, [("web", 4200, 2), ("design", 60, 1)]);
+        assert_eq!(held_of(&t), [("web", 4200, 2), ("design", 60, 1)]);
         assert_eq!(t.longest().unwrap().agent, "web");
         assert_eq!(span(4200), "1 h 10 min");
     }
@@ -174,12 +177,7 @@ mod tests {
         .unwrap();
         let by: Vec<Option<&str>> = t.steps.iter().map(|s| s.held_by.as_deref()).collect();
         assert_eq!(by, [None, Some("web"), Some("web"), Some("web")]);
-        let held: Vec<(&str, i64, u32)> = t
-            .held
-            .iter()
-            .map(|h| (h.agent.as_str(), h.secs, h.waits))
-            .collect();
-        assert_eq!(held, [("web", 90_000, 3)]);
+        assert_eq!(held_of(&t), [("web", 90_000, 3)]);
     }
 
     #[test]
