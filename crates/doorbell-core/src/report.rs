@@ -229,13 +229,20 @@ fn duration(secs: Option<i64>) -> String {
     )
 }
 
+/// A time for a person, in the local zone: with its year when that is not this year's (a
+/// window from 1970, a report read in January).
 fn local(t: &str) -> String {
+    use chrono::Datelike;
     DateTime::parse_from_rfc3339(t).map_or_else(
         |_| t.to_owned(),
         |t| {
-            t.with_timezone(&Local)
-                .format("%a %-d %b %H:%M")
-                .to_string()
+            let t = t.with_timezone(&Local);
+            let format = if t.year() == Local::now().year() {
+                "%a %-d %b %H:%M"
+            } else {
+                "%a %-d %b %Y %H:%M"
+            };
+            t.format(format).to_string()
         },
     )
 }
@@ -490,7 +497,18 @@ impl Report {
 
 #[cfg(test)]
 mod tests {
-    use super::{invisible, printable};
+    use super::{invisible, local, printable};
+
+    /// A time of another year says its year; one of this year does not.
+    #[test]
+    fn a_time_of_another_year_says_it() {
+        let old = local("1970-01-02T12:00:00Z");
+        assert!(old.contains("1970"), "{old}");
+        let now = chrono::Utc::now();
+        let this_year = now.format("%Y").to_string();
+        let shown = local(&now.to_rfc3339());
+        assert!(!shown.contains(&this_year), "{shown}");
+    }
 
     #[test]
     fn an_escaped_mark_never_reads_like_text_and_text_never_like_an_escaped_mark() {
