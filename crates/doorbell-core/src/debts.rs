@@ -176,6 +176,20 @@ pub fn ring_note(request: &Request, n: u32, max_rings: u32, now: DateTime<Utc>) 
         request.state,
         span(request.state_since, now),
     );
+    // A deadline moves ring 1 earlier: the ring says why it comes so soon.
+    match request.reply_by {
+        Some(by) if by <= now => {
+            let _ = write!(
+                text,
+                " Its deadline (replyBy) passed {} ago.",
+                span(by, now)
+            );
+        }
+        Some(by) => {
+            let _ = write!(text, " Its deadline (replyBy) is in {}.", span(now, by));
+        }
+        None => {}
+    }
     let _ = write!(text, " Answer with: {}", answer_command(request));
     note(
         ring_id(request, n),

@@ -669,6 +669,36 @@ fn reply_by_brings_the_first_ring_forward_never_back() {
     }
 }
 
+/// A ring says the deadline the request gave: one that has passed is why ring 1 comes at
+/// once, "since 0 s ago".
+#[test]
+fn a_ring_says_the_deadline_it_rings_for() {
+    for (reply_by, at, said) in [
+        (
+            Some(-3600),
+            0,
+            Some("Its deadline (replyBy) passed 1 h 0 min ago."),
+        ),
+        (
+            Some(7200),
+            1800,
+            Some("Its deadline (replyBy) is in 1 h 30 min."),
+        ),
+        (None, 1800, None),
+    ] {
+        let fields: Vec<(&str, Value)> = reply_by
+            .map(|offset| vec![("replyBy", ts(offset).to_rfc3339().into())])
+            .unwrap_or_default();
+        let mut sim = asked_with(SCHEDULE, "web", &fields);
+        sim.advance_to(ts(at));
+        let text = &sim.sent.first().expect("ring 1").text;
+        match said {
+            Some(said) => assert!(text.contains(said), "{reply_by:?}: {text}"),
+            None => assert!(!text.contains("deadline"), "{text}"),
+        }
+    }
+}
+
 // ---- 7. the human's own debts ------------------------------------------------------------
 
 #[test]
