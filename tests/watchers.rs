@@ -191,6 +191,25 @@ fn wait_for_first_move(bridge: &Bridge) {
         "\"via\":\"watch\"",
         PATIENCE,
     );
+    // The read log is written just before the reader's turn is let go: a watch stopped in
+    // between would hold the turn another reader waits for.
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(bridge.dir().join(".doorbell/reads/web.lock"))
+        .unwrap()
+        .ino();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let locks = std::fs::read_to_string("/proc/locks").unwrap();
+        if !locks.lines().any(|l| l.contains(&format!(":{ino} "))) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the watch kept the reader's turn:\n{locks}"
+        );
+        // Pacing a look at /proc/locks, which has no change events.
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// A `watch` checks its cursor with one look at the path while the file there is the one it
