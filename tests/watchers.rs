@@ -186,6 +186,7 @@ fn signal(pid: u32, name: &str) {
 
 /// Wait until web's `watch` has moved its cursor once: a move ends with its read log record.
 fn wait_for_first_move(bridge: &Bridge) {
+    use std::os::unix::fs::MetadataExt;
     crate::util::wait_for_text(
         &bridge.dir().join(".doorbell/reads/web.jsonl"),
         "\"via\":\"watch\"",
@@ -193,7 +194,6 @@ fn wait_for_first_move(bridge: &Bridge) {
     );
     // The read log is written just before the reader's turn is let go: a watch stopped in
     // between would hold the turn another reader waits for.
-    use std::os::unix::fs::MetadataExt;
     let ino = std::fs::metadata(bridge.dir().join(".doorbell/reads/web.lock"))
         .unwrap()
         .ino();
