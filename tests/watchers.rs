@@ -186,30 +186,24 @@ fn signal(pid: u32, name: &str) {
 
 /// Wait until web's `watch` has moved its cursor once: a move ends with its read log record.
 fn wait_for_first_move(bridge: &Bridge) {
-    use std::os::unix::fs::MetadataExt;
     crate::util::wait_for_text(
         &bridge.dir().join(".doorbell/reads/web.jsonl"),
         "\"via\":\"watch\"",
         PATIENCE,
     );
     // The read log is written just before the reader's turn is let go: a watch stopped in
-    // between would hold the turn another reader waits for.
-    let ino = std::fs::metadata(bridge.dir().join(".doorbell/reads/web.lock"))
-        .unwrap()
-        .ino();
-    let deadline = std::time::Instant::now() + PATIENCE;
-    loop {
-        let locks = std::fs::read_to_string("/proc/locks").unwrap();
-        if !locks.lines().any(|l| l.contains(&format!(":{ino} "))) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the watch kept the reader's turn:\n{locks}"
-        );
-        // Pacing a look at /proc/locks, which has no change events.
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // between would hold the turn another reader waits for. Taking the turn's lock (and
+    // letting it go at once) waits until the watch has let go.
+    let lock = std::fs::File::open(bridge.dir().join(".doorbell/reads/web.lock")).unwrap();
+    let (tx, taken) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(lock.lock().map(|()| lock));
+    });
+    let lock = taken
+        .recv_timeout(PATIENCE)
+        .expect("the watch kept the reader's turn")
+        .unwrap();
+    drop(lock);
 }
 
 /// A `watch` checks its cursor with one look at the path while the file there is the one it
