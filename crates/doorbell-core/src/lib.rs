@@ -21,5 +21,5 @@ pub use envelope::{Envelope, Kind, MessageSummary, State};
 pub use judge::{is_base64, Limits, Registry};
 pub use ledger::{Accepted, Archive, Changes, Debt, Ledger, Request};
 pub use name::{is_agent_name, is_id, is_reserved_id, BUILTIN_LOOPS};
-pub use rules::{judge_line, judge_stateless};
+pub use rules::{judge_line, judge_parsed, judge_stateless};
 pub use verdict::{Refusal, RefusalReason, Verdict};

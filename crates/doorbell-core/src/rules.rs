@@ -40,7 +40,21 @@ pub fn judge_line<'a>(
     ledger: &Ledger,
     own_line: &dyn Fn(&str) -> bool,
 ) -> (Verdict, Option<Envelope<'a>>) {
-    match judge_stateless(line, Some(owner), limits) {
+    let stateless = judge_stateless(line, Some(owner), limits);
+    judge_parsed(stateless, owner, registry, ledger, own_line)
+}
+
+/// [`judge_line`] given the line's stateless half (`judge_stateless` with the inbox's owner),
+/// worked out beforehand, perhaps on another thread: the rules that need the registry and
+/// the ledger.
+pub fn judge_parsed<'a>(
+    stateless: Result<Envelope<'a>, Refusal>,
+    owner: &str,
+    registry: &Registry,
+    ledger: &Ledger,
+    own_line: &dyn Fn(&str) -> bool,
+) -> (Verdict, Option<Envelope<'a>>) {
+    match stateless {
         Err(refusal) => (Verdict::Refused(refusal), None),
         Ok(envelope) => {
             let verdict = ledger.judge(&envelope, owner, registry, own_line);

@@ -1,6 +1,7 @@
 //! The body of the fuzz target, shared with the stable smoke test so both check the very same
 //! thing: arbitrary bytes as an inbox, read by [`LineReader`] and judged line by line by
-//! [`judge_line`] against a ledger that keeps every accepted line.
+//! [`judge_line`] against a ledger that keeps every accepted line, and handed to the judge
+//! while a helper parses from the back (the parallel stateless half, `halves`).
 //!
 //! [`read_and_judge`] panics when an invariant breaks, which is what a fuzzer reports. It is
 //! not part of doorbell's interface and must never be called by the daemon or the CLI.
@@ -17,6 +18,7 @@ use doorbell_core::{
     judge_line, judge_stateless, Ledger, Limits, Refusal, RefusalReason, Registry, Verdict,
 };
 
+use crate::halves;
 use crate::reader::{Line, LineReader};
 
 /// The inbox the bytes are in, and the other stations.
@@ -81,8 +83,65 @@ pub fn read_and_judge(data: &[u8]) -> Reached {
         assert_eq!(judged_to, lines.last().map_or(0, |l| l.offset + l.span));
         check_tiling(data, &lines, limit);
         judge_all(&lines, limit, Route::AllToOwner, &mut reached);
+        check_halves(
+            &lines,
+            limit,
+            (rng.next() % (lines.len() as u64 + 1)) as usize,
+        );
     });
     reached
+}
+
+/// The lines handed to the judge while a helper parses from the back ([`halves`]): every
+/// line exactly once, in order, and the stateless half a helper worked out is the one the
+/// judge would have. Every batch is shared here, however short, and the helper parses
+/// `head_start` lines before the judge starts (the judge meets it there or before).
+fn check_halves(reads: &[Read], max_line_bytes: usize, head_start: usize) {
+    let limits = Limits { max_line_bytes };
+    let lines: Vec<Line<'_>> = reads
+        .iter()
+        .map(|read| match &read.bytes {
+            Some(bytes) => Line::Complete {
+                offset: read.offset,
+                bytes,
+            },
+            None => Line::TooLong {
+                offset: read.offset,
+                len: read.span - 1,
+            },
+        })
+        .collect();
+    let sharing = halves::Sharing {
+        helpers: 1,
+        least_lines: 0,
+    };
+    let mut handed = Vec::new();
+    halves::judge_batch_from::<()>(
+        &lines,
+        OWNER,
+        &limits,
+        sharing,
+        head_start,
+        |line, parsed| {
+            handed.push(line.offset());
+            match (line, parsed) {
+                (Line::Complete { bytes, .. }, Some(parsed)) => assert_eq!(
+                    format!("{parsed:?}"),
+                    format!("{:?}", halves::parse(bytes, OWNER, &limits)),
+                    "a helper's stateless half differs from the judge's"
+                ),
+                (Line::TooLong { .. }, Some(_)) => panic!("a helper parsed an over-long line"),
+                _ => {}
+            }
+            Ok(())
+        },
+    )
+    .expect("nothing stops the batch");
+    let offsets: Vec<u64> = lines.iter().map(Line::offset).collect();
+    assert_eq!(
+        handed, offsets,
+        "a line handed out twice, never, or out of order"
+    );
 }
 
 /// How many lines ended in each verdict.

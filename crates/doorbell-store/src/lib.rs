@@ -17,6 +17,7 @@ mod error;
 pub mod fault;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod halves;
 pub mod hash;
 pub mod ids;
 pub mod index;

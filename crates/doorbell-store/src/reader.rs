@@ -7,7 +7,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 
 /// One complete line found in an inbox.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Line<'a> {
     /// The line's bytes without the `\n`.
     Complete { offset: u64, bytes: &'a [u8] },
@@ -35,6 +35,10 @@ impl Line<'_> {
 }
 
 const FIRST_BUFFER: usize = 256 * 1024;
+
+/// The most lines in a batch: a read of tiny lines hands them out in batches of this many,
+/// so a batch's lines and what is worked out for them stay a bounded size.
+const BATCH_LINES: usize = 2048;
 
 /// How many files' unended over-long lines a reader remembers.
 const UNENDED_KEPT: usize = 8;
@@ -151,6 +155,21 @@ impl LineReader {
         known_end: Option<u64>,
         mut each: impl FnMut(Line<'_>) -> Result<(), E>,
     ) -> Result<u64, E> {
+        self.read_batches_until(file, start, known_end, |lines| {
+            lines.iter().try_for_each(|line| each(line.clone()))
+        })
+    }
+
+    /// As [`LineReader::read_until`], handing out the lines of each read of the file
+    /// together, in order, in batches of at most [`BATCH_LINES`]: lines that one thread can
+    /// judge while another parses them.
+    pub fn read_batches_until<E: From<io::Error>>(
+        &mut self,
+        file: &File,
+        start: u64,
+        known_end: Option<u64>,
+        mut each: impl FnMut(&[Line<'_>]) -> Result<(), E>,
+    ) -> Result<u64, E> {
         let limit = self.max_line_bytes + 1;
         if self.buf.is_empty() {
             self.buf = vec![0; FIRST_BUFFER.min(limit + 1).max(4096)];
@@ -195,6 +214,8 @@ impl LineReader {
             read_at += n as u64;
             let mut scan_from = filled;
             filled += n;
+            // The over-long line this read ends, if any, goes first in the batch.
+            let mut ended: Option<Line<'static>> = None;
             if let Some(seen) = skipping {
                 match memchr::memchr(b'\n', &self.buf[..filled]) {
                     None => {
@@ -204,10 +225,10 @@ impl LineReader {
                     }
                     Some(at) => {
                         let len = seen + at as u64;
-                        each(Line::TooLong {
+                        ended = Some(Line::TooLong {
                             offset: line_start,
                             len,
-                        })?;
+                        });
                         line_start += len + 1;
                         skipping = None;
                         self.buf.copy_within(at + 1..filled, 0);
@@ -216,23 +237,32 @@ impl LineReader {
                     }
                 }
             }
+            let mut lines: Vec<Line<'_>> = ended.into_iter().collect();
             let mut first = 0; // start of the current line in buf
             for at in memchr::memchr_iter(b'\n', &self.buf[scan_from..filled]) {
                 let end = scan_from + at;
                 let offset = line_start + first as u64;
-                if end - first > limit {
-                    each(Line::TooLong {
+                lines.push(if end - first > limit {
+                    Line::TooLong {
                         offset,
                         len: (end - first) as u64,
-                    })?;
+                    }
                 } else {
-                    each(Line::Complete {
+                    Line::Complete {
                         offset,
                         bytes: &self.buf[first..end],
-                    })?;
-                }
+                    }
+                });
                 first = end + 1;
+                if lines.len() == BATCH_LINES {
+                    each(&lines)?;
+                    lines.clear();
+                }
             }
+            if !lines.is_empty() {
+                each(&lines)?;
+            }
+            drop(lines);
             if first > 0 {
                 self.buf.copy_within(first..filled, 0);
                 filled -= first;

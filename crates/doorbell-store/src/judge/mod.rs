@@ -130,6 +130,8 @@ pub struct Judge {
     /// Inboxes that exist as files: the stations a notice can reach.
     inbox_names: BTreeSet<String>,
     reader: LineReader,
+    /// How many threads help parse a long read's lines (`halves`).
+    sharing: crate::halves::Sharing,
     files: HashMap<String, OpenInbox>,
     uses: u64,
     /// Intents written by this process and not yet read back.

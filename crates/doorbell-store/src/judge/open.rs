@@ -331,6 +331,7 @@ impl Judge {
             seal,
             adopting: made.then_some(0),
             reader: LineReader::new(limits.max_line_bytes),
+            sharing: crate::halves::Sharing::of_this_machine(),
             registry,
             inbox_names,
             published_names,

@@ -2,7 +2,6 @@
 //! complete lines from where judging stopped, runs of blank lines, the judge's own long lines,
 //! the marks that know an inbox by its bytes.
 
-use std::collections::HashSet;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::Ordering;
@@ -14,6 +13,7 @@ use doorbell_core::{Refusal, RefusalReason, Verdict};
 use super::verdicts::{identity_of, names_reserved_id};
 use super::{CatchUp, HeldLines, Judge};
 use crate::append::open_inbox;
+use crate::halves;
 use crate::hash::Marker;
 use crate::journal::{Record, Unread, Word};
 use crate::reader::{Line, LineReader};
@@ -311,84 +311,85 @@ impl Judge {
             .map(|(&offset, &span)| (offset, span))
             .collect();
         // Lines already held in this sweep are read again, not judged again.
-        let holding: HashSet<u64> = held
-            .by_request
-            .values()
-            .flatten()
-            .filter(|h| h.inbox == name && h.gen == gen)
-            .map(|h| h.offset)
-            .chain(
-                held.waiting
-                    .keys()
-                    .filter(|(inbox, g, _)| inbox == name && *g == gen)
-                    .map(|(_, _, offset)| *offset),
-            )
-            .collect();
+        let holding = held.offsets_in(name, gen);
         let mut reader = std::mem::replace(&mut self.reader, LineReader::new(0));
         let interrupt = Arc::clone(&self.interrupt);
         // A run of blank lines is one refused fragment, one record: a megabyte of newlines
         // must not become hundreds of megabytes of journal, refused log and index.
         let mut blank: Option<(u64, u64)> = None;
-        let result = reader.read_until(file, start, size, |line| {
-            if interrupt.load(Ordering::Relaxed) {
-                return Err(Error::Interrupted);
-            }
-            if let Line::Complete { offset, bytes } = &line {
-                if is_blank(bytes) && !covered(&beyond, *offset) && !holding.contains(offset) {
-                    let end = offset + bytes.len() as u64 + 1;
-                    match &mut blank {
-                        Some((_, run_end)) if *run_end == *offset => *run_end = end,
-                        _ => {
-                            self.refuse_blanks(name, gen, blank.take(), now, stats)?;
-                            blank = Some((*offset, end));
+        let limits = self.limits;
+        let sharing = self.sharing;
+        let result = reader.read_batches_until(file, start, size, |lines| {
+            halves::judge_batch(lines, name, &limits, sharing, |line, parsed| {
+                let line = line.clone();
+                if interrupt.load(Ordering::Relaxed) {
+                    return Err(Error::Interrupted);
+                }
+                if let Line::Complete { offset, bytes } = &line {
+                    if is_blank(bytes) && !covered(&beyond, *offset) && !holding.contains(offset) {
+                        let end = offset + bytes.len() as u64 + 1;
+                        match &mut blank {
+                            Some((_, run_end)) if *run_end == *offset => *run_end = end,
+                            _ => {
+                                self.refuse_blanks(name, gen, blank.take(), now, stats)?;
+                                blank = Some((*offset, end));
+                            }
                         }
+                        return Ok(());
                     }
+                }
+                self.refuse_blanks(name, gen, blank.take(), now, stats)?;
+                if covered(&beyond, line.offset()) || holding.contains(&line.offset()) {
                     return Ok(());
                 }
-            }
-            self.refuse_blanks(name, gen, blank.take(), now, stats)?;
-            if covered(&beyond, line.offset()) || holding.contains(&line.offset()) {
-                return Ok(());
-            }
-            match line {
-                Line::TooLong { offset, len } => {
-                    // The judge's own notices, rings and report notes can be longer than a
-                    // small `max_line_bytes`: it wrote them, so it reads them back whole.
-                    // Refusing one would leave its intent open, and every restart would write
-                    // it again, never delivered.
-                    if let Some(own) = self.own_line_at(name, file, offset, len)? {
-                        return self.judge_complete(
+                match line {
+                    Line::TooLong { offset, len } => {
+                        // The judge's own notices, rings and report notes can be longer than a
+                        // small `max_line_bytes`: it wrote them, so it reads them back whole.
+                        // Refusing one would leave its intent open, and every restart would write
+                        // it again, never delivered.
+                        if let Some(own) = self.own_line_at(name, file, offset, len)? {
+                            return self.judge_complete(
+                                name,
+                                gen,
+                                offset,
+                                &own,
+                                None,
+                                now,
+                                Some(held),
+                                stats,
+                            );
+                        }
+                        let refusal = Refusal::new(
+                            RefusalReason::LineTooLong,
+                            format!("{len} bytes, the limit is {}", self.limits.max_line_bytes),
+                        );
+                        // Its sender is told: who it is, its first bytes say.
+                        let identity = Some(identity_of(&line_head(file, offset, len)));
+                        self.record(
                             name,
                             gen,
                             offset,
-                            &own,
+                            len + 1,
+                            &Verdict::Refused(refusal),
+                            identity,
+                            None,
                             now,
-                            Some(held),
                             stats,
-                        );
+                        )
                     }
-                    let refusal = Refusal::new(
-                        RefusalReason::LineTooLong,
-                        format!("{len} bytes, the limit is {}", self.limits.max_line_bytes),
-                    );
-                    // Its sender is told: who it is, its first bytes say.
-                    let identity = Some(identity_of(&line_head(file, offset, len)));
-                    self.record(
+                    Line::Complete { offset, bytes } => self.judge_complete(
                         name,
                         gen,
                         offset,
-                        len + 1,
-                        &Verdict::Refused(refusal),
-                        identity,
-                        None,
+                        bytes,
+                        parsed,
                         now,
+                        Some(held),
                         stats,
-                    )
+                    ),
                 }
-                Line::Complete { offset, bytes } => {
-                    self.judge_complete(name, gen, offset, bytes, now, Some(held), stats)
-                }
-            }
+            })
         });
         self.reader = reader;
         let end = result?;

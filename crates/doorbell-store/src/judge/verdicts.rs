@@ -6,10 +6,13 @@ use std::os::unix::fs::MetadataExt;
 
 use chrono::{DateTime, Utc};
 use doorbell_core::notice::refusal_key;
-use doorbell_core::{is_agent_name, judge_line, Envelope, Kind, Limits, RefusalReason, Verdict};
+use doorbell_core::{
+    is_agent_name, judge_parsed, judge_stateless, Envelope, Kind, Limits, RefusalReason, Verdict,
+};
 
 use super::{Arrival, CatchUp, Judge};
 use crate::append::open_inbox;
+use crate::halves::Parsed;
 use crate::journal::{Record, RingRef, Word};
 use crate::turns::{Pending, Place, Turns};
 use crate::Result;
@@ -58,6 +61,22 @@ impl HeldLines {
             self.ids.remove(&line.id);
         }
         lines
+    }
+
+    /// Where the lines of `inbox`'s generation `gen` held in this sweep start.
+    pub(super) fn offsets_in(&self, inbox: &str, gen: u32) -> std::collections::HashSet<u64> {
+        self.by_request
+            .values()
+            .flatten()
+            .filter(|h| h.inbox == inbox && h.gen == gen)
+            .map(|h| h.offset)
+            .chain(
+                self.waiting
+                    .keys()
+                    .filter(|(name, g, _)| name == inbox && *g == gen)
+                    .map(|(_, _, offset)| *offset),
+            )
+            .collect()
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -346,12 +365,13 @@ impl Judge {
     /// Judge one complete line; `held` is where a line waiting for its request goes while
     /// inboxes are still being read (`None` once every inbox was read).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn judge_complete(
+    pub(super) fn judge_complete<'a>(
         &mut self,
         name: &str,
         gen: u32,
         offset: u64,
-        bytes: &[u8],
+        bytes: &'a [u8],
+        parsed: Option<Parsed<'a>>,
         now: DateTime<Utc>,
         mut held: Option<&mut HeldLines>,
         stats: &mut CatchUp,
@@ -362,7 +382,7 @@ impl Judge {
                 return Ok(());
             }
         }
-        let (verdict, envelope, sealed) = self.judge_bytes(name, bytes);
+        let (verdict, envelope, sealed) = self.judge_bytes(name, bytes, parsed);
         if let (Some(envelope), Some(held)) = (&envelope, held.as_deref_mut()) {
             // A response the scan did not see takes its turn behind its own inbox's lines.
             if let (Kind::Response, Some(request)) = (envelope.kind, &envelope.correlates_to) {
@@ -523,6 +543,7 @@ impl Judge {
             line.gen,
             line.offset,
             &line.bytes,
+            None,
             now,
             held,
             stats,
@@ -661,10 +682,13 @@ impl Judge {
 
     /// The verdict on one complete line, and whether it is a line of the judge's own that
     /// only its seal shows (the journal lost its intent).
+    /// `parsed`: its stateless half, when a helper worked it out (`halves`). An over-long
+    /// line is worked out here again: the judge's own lines have no limit.
     pub(super) fn judge_bytes<'a>(
         &self,
         name: &str,
         bytes: &'a [u8],
+        parsed: Option<Parsed<'a>>,
     ) -> (Verdict, Option<Envelope<'a>>, bool) {
         // The judge's own line: an id it journaled and, while its intent is open, exactly the
         // line it means to write, in the inbox it means; or a line under its seal (one the
@@ -693,14 +717,13 @@ impl Judge {
         } else {
             &self.limits
         };
-        let (verdict, envelope) = judge_line(
-            bytes,
-            name,
-            limits,
-            &self.registry,
-            &self.snapshot.ledger,
-            &own,
-        );
+        let stateless = match parsed {
+            Some(Err(refusal)) if refusal.reason == RefusalReason::LineTooLong => None,
+            parsed => parsed,
+        }
+        .unwrap_or_else(|| judge_stateless(bytes, Some(name), limits));
+        let (verdict, envelope) =
+            judge_parsed(stateless, name, &self.registry, &self.snapshot.ledger, &own);
         (verdict, envelope, sealed.get())
     }
 
