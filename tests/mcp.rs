@@ -278,6 +278,46 @@ fn a_cancelled_wait_lets_go_at_once() {
     assert!(raw.answer(3)["result"].is_object());
 }
 
+/// A server that waits again and again while a daemon runs keeps what it holds bounded:
+/// each `wait` waited for the judge to let go on a thread of its own, with the bridge lock
+/// open, and nothing ended either while the daemon ran (300 waits, 300 threads and files; at
+/// `ulimit -n` every tool failed with "Too many open files").
+#[test]
+fn waits_beside_a_running_daemon_leave_no_thread_or_file_behind() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let _daemon = crate::util::Daemon::start(&bridge, &[]);
+    let id = bridge.request("design", "web", "ETA?");
+    let mut raw = Raw::start(&bridge, "design");
+    let pid = raw.server.id();
+    let lock = bridge.dir().join(".doorbell/lock");
+    let held = || {
+        let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .filter(|name| name.trim() == "after-the-judge")
+            .count();
+        let locks = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+            .filter(|target| *target == lock)
+            .count();
+        (threads, locks)
+    };
+    for call in 1..=40 {
+        raw.call(
+            call,
+            "wait",
+            &serde_json::json!({"ids": [id], "timeout_secs": 0}),
+        );
+        assert!(raw.answer(call)["result"].is_object());
+    }
+    let (threads, locks) = held();
+    assert!(
+        threads <= 1 && locks <= 2,
+        "after 40 waits: {threads} threads waiting for the judge, {locks} open locks"
+    );
+}
+
 /// A `read` the client cancels (its user pressed Esc while another reader held the inbox)
 /// gets no answer, so nothing in it may count as read: the message stays unread.
 #[test]

@@ -149,7 +149,7 @@ pub fn lock_file(bridge: &Bridge) -> Result<(File, PathBuf)> {
 }
 
 /// A lock file at `path`, opened (created 0600 when missing) and never through a symlink.
-pub(crate) fn open_lock_file(path: &std::path::Path) -> Result<File> {
+pub fn open_lock_file(path: &std::path::Path) -> Result<File> {
     OpenOptions::new()
         .read(true)
         .write(true)
