@@ -90,6 +90,25 @@ fn read_with_room_prints_what_fits_and_leaves_the_rest_unread_and_counted() {
     }
 }
 
+/// The room is counted as the harness that keeps a shell tool's output counts it: in UTF-16
+/// code units, where an emoji is two. Counted in characters, four texts of 450 emoji fitted
+/// in 2,500 and Claude Code cut the middle of what it was shown, read.
+#[test]
+fn read_with_room_counts_an_emoji_as_the_harness_does() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    for n in 0..5 {
+        bridge.send("design", "web", &format!("{n}{}", "😀".repeat(450)));
+    }
+    let first = bridge.doorbell(&["read", "web", "--max-chars", "2500"]);
+    let shown = first.ok().lines().filter(|l| l.contains('😀')).count();
+    assert_eq!(shown, 2, "{}", first.stdout);
+    assert!(
+        first.stdout.contains("3 more messages are not shown here"),
+        "{}",
+        first.stdout
+    );
+}
+
 #[test]
 fn a_partial_last_line_is_never_shown_and_the_cursor_stops_before_it() {
     let bridge = Bridge::with_agents(&["web", "design"]);

@@ -252,8 +252,9 @@ pub struct ReadArgs {
     /// One JSON line per message
     #[arg(long)]
     pub json: bool,
-    /// Print only the messages that fit in this many characters (at least one); the rest
-    /// stay unread, counted on the last line
+    /// Print only the messages that fit in this many characters (at least one), counted as
+    /// the harnesses count them (UTF-16 code units: an emoji is two); the rest stay unread,
+    /// counted on the last line
     #[arg(long, value_name = "N", conflicts_with = "wait")]
     pub max_chars: Option<usize>,
     /// Block until at least one unread message, print, move the cursor, exit

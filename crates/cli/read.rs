@@ -57,8 +57,8 @@ pub struct Inbox<'a> {
 }
 
 /// Print the accepted lines of `inbox` (which `journal` describes) from `from` up to where
-/// judging stopped; with `room`, only the messages that fit in that many characters (the
-/// first always), the rest counted and left unread.
+/// judging stopped; with `room`, only the messages that fit in that many characters (UTF-16
+/// code units; the first always), the rest counted and left unread.
 pub fn print_accepted(
     inbox: &Inbox<'_>,
     journal: &mut InboxView,
@@ -86,7 +86,9 @@ pub fn print_accepted(
                 format!("{}\n", output::message(&envelope, now))
             };
             // Counted only where room is kept (a hook's output): `watch` prints every line.
-            let chars = room.map_or(0, |_| text.chars().count());
+            // In the harnesses' unit, UTF-16 code units: Claude Code keeps 30,000 of a shell
+            // tool's output, and an emoji counts two.
+            let chars = room.map_or(0, |_| text.encode_utf16().count());
             if count > 0 && room.is_some_and(|room| used + chars > room) {
                 full = Some(offset);
                 left = 1;
