@@ -669,7 +669,8 @@ pub fn run(session: Session, agent: &str) -> anyhow::Result<i32> {
         .context("starting the MCP server's runtime")?;
     let served = runtime.block_on(async {
         let server = Doorbell::new(agent.to_owned(), session);
-        let service = match server.serve(rmcp::transport::stdio_pipes()).await {
+        let (from_client, to_client) = rmcp::transport::stdio_pipes();
+        let service = match server.serve((mended(from_client), to_client)).await {
             Ok(service) => service,
             // The client left before initializing (a probe): nothing to serve.
             Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => {
@@ -684,4 +685,110 @@ pub fn run(session: Session, agent: &str) -> anyhow::Result<i32> {
     // answer, and is not waited for.
     runtime.shutdown_background();
     served
+}
+
+/// The longest line [`mended`] mends: a longer one goes on as it came, in pieces.
+const MENDED_LINE: u64 = 64 << 20;
+
+/// The client's lines, each lone UTF-16 surrogate escape in them (`"\udc00"`: half an emoji,
+/// as JavaScript's `JSON.stringify` writes a string cut in the middle of one) made `\ufffd`,
+/// as Node itself makes it when it writes such a string as UTF-8. `serde_json` refuses a line
+/// with one whole, and the call it carried was dropped unanswered: the client waited for
+/// ever.
+fn mended(
+    from_client: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+) -> tokio::io::DuplexStream {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let (mut to_server, server_reads) = tokio::io::duplex(1 << 16);
+    tokio::spawn(async move {
+        let mut from_client = tokio::io::BufReader::new(from_client);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match (&mut from_client)
+                .take(MENDED_LINE)
+                .read_until(b'\n', &mut line)
+                .await
+            {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            if to_server.write_all(&mend_surrogates(&line)).await.is_err() {
+                break;
+            }
+        }
+        // The client's end: the server reads it as the end of its input.
+        let _ = to_server.shutdown().await;
+    });
+    server_reads
+}
+
+/// `line` with each `\uXXXX` escape of a lone surrogate made `\ufffd`; a line that parses is
+/// left as it is.
+fn mend_surrogates(line: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if serde_json::from_slice::<Value>(line).is_ok() {
+        return line.into();
+    }
+    let unit = |at: usize| -> Option<u16> {
+        let hex = line.get(at..at + 6)?.strip_prefix(b"\\u")?;
+        u16::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+    };
+    let mut out = Vec::with_capacity(line.len());
+    let mut at = 0;
+    while at < line.len() {
+        if line[at] != b'\\' {
+            out.push(line[at]);
+            at += 1;
+            continue;
+        }
+        match unit(at) {
+            Some(0xD800..=0xDBFF) if matches!(unit(at + 6), Some(0xDC00..=0xDFFF)) => {
+                out.extend_from_slice(&line[at..at + 12]);
+                at += 12;
+            }
+            Some(0xD800..=0xDFFF) => {
+                out.extend_from_slice(b"\\ufffd");
+                at += 6;
+            }
+            // Any other escape, its backslash and the character after it as they are.
+            _ => {
+                out.extend_from_slice(&line[at..(at + 2).min(line.len())]);
+                at += 2;
+            }
+        }
+    }
+    out.into()
+}
+
+#[cfg(test)]
+mod mend_tests {
+    use super::mend_surrogates;
+
+    #[test]
+    fn a_lone_surrogate_escape_is_mended_and_the_rest_kept() {
+        let mend =
+            |line: &str| String::from_utf8(mend_surrogates(line.as_bytes()).into_owned()).unwrap();
+        // A pair, an escaped backslash before a `u`, and other escapes stay.
+        for kept in [
+            r#"{"t":"\ud83d\ude00"}"#,
+            r#"{"t":"\\udc00"}"#,
+            r#"{"t":"\" \n \\"}"#,
+            "{not json",
+        ] {
+            assert_eq!(mend(kept), kept);
+        }
+        assert_eq!(
+            mend(r#"{"t":"low \udc00 alone"}"#),
+            r#"{"t":"low \ufffd alone"}"#
+        );
+        assert_eq!(mend(r#"{"t":"\ud83d"}"#), r#"{"t":"\ufffd"}"#);
+        assert_eq!(
+            mend(r#"{"t":"\ud83d\ud83d\ude00"}"#),
+            r#"{"t":"\ufffd\ud83d\ude00"}"#
+        );
+        assert_eq!(mend(r#"{"t":"\\\udc00"}"#), r#"{"t":"\\\ufffd"}"#);
+        let mended = mend(r#"{"t":"\udc00 \ud83d"}"#);
+        let value: serde_json::Value = serde_json::from_str(&mended).unwrap();
+        assert_eq!(value["t"], "\u{fffd} \u{fffd}");
+    }
 }
