@@ -1625,3 +1625,63 @@ fn senders_wait_for_a_held_inbox_lock_as_long_as_their_timeout_says() {
         .iter()
         .all(|l| !String::from_utf8_lossy(l).contains("on it")));
 }
+
+/// The texts of what `agent` reads now.
+fn read_texts(bridge: &Bridge, agent: &str) -> Vec<String> {
+    bridge
+        .read_json(agent, &[])
+        .iter()
+        .map(|r| {
+            r["envelope"]["message"]["parts"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// An inbox's older bytes come back after a file in between that its reader never read (a
+/// backup restored after a truncation, an inbox renamed back after a new one was made): what
+/// the reader had not read of the older file is shown from its copy, once, and what the
+/// file in between held is said lost, never "read". Both were hidden: the cursor's offset,
+/// of the older file, was taken for one in the file in between.
+#[test]
+fn unread_lines_come_back_with_their_file_after_a_file_in_between() {
+    // A backup restored after a truncation, with no daemon.
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    bridge.send("design", "web", "m1");
+    assert_eq!(read_texts(&bridge, "web"), ["m1"]);
+    bridge.send("design", "web", "m2 unread");
+    bridge.doorbell(&["status"]).ok();
+    let backup = std::fs::read(bridge.inbox("web")).unwrap();
+    std::fs::write(bridge.inbox("web"), b"").unwrap();
+    let m3 = bridge.send("design", "web", "m3 in between");
+    bridge.doorbell(&["status"]).ok();
+    std::fs::write(bridge.inbox("web"), &backup).unwrap();
+    let status = bridge.doorbell(&["status"]);
+    status.ok();
+    assert!(
+        status
+            .stderr
+            .contains("web had read none of the file before"),
+        "{}",
+        status.stderr
+    );
+    assert_eq!(read_texts(&bridge, "web"), ["m2 unread"]);
+    assert!(read_texts(&bridge, "web").is_empty(), "shown once");
+    let shown = bridge.doorbell(&["show", &m3]);
+    assert!(shown.ok().contains("not read yet"), "{}", shown.stdout);
+
+    // An inbox renamed away, a new one made and written, then the first renamed back.
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    bridge.send("design", "web", "m1");
+    assert_eq!(read_texts(&bridge, "web"), ["m1"]);
+    bridge.send("design", "web", "m2 unread");
+    let away = bridge.dir().join("web-away.jsonl");
+    std::fs::rename(bridge.inbox("web"), &away).unwrap();
+    bridge.doorbell(&["agent", "add", "web"]).ok();
+    bridge.send("design", "web", "m3 in between");
+    std::fs::rename(&away, bridge.inbox("web")).unwrap();
+    bridge.send("design", "web", "m4");
+    assert_eq!(read_texts(&bridge, "web"), ["m2 unread", "m4"]);
+}

@@ -134,7 +134,8 @@ fn new_generation(
         );
         // Whether its reader had read the file replaced to the end.
         let unread = match journal.unread_from {
-            Some(crate::journal::Unread::All) => true,
+            // None of the file before, or part of it.
+            Some(crate::journal::Unread::All | crate::journal::Unread::Since(..)) => true,
             Some(crate::journal::Unread::From(offset)) => offset < judged_before,
             None => false,
         };
@@ -146,6 +147,15 @@ fn new_generation(
         } else {
             let _ = write!(text, ", and their senders may have to send them again");
         }
+    } else if matches!(journal.unread_from, Some(crate::journal::Unread::Since(..)))
+        && judged_before > 0
+    {
+        // Longer, but the file before it was never read: what of it this one does not hold
+        // is shown nowhere.
+        let _ = write!(
+            text,
+            "; {name} had read none of the file before ({judged_before} bytes), and is not shown what of it is not in this one: read it there, or ask its senders to send it again (what is in this one is shown)"
+        );
     }
     Some(text)
 }

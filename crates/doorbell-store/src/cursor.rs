@@ -190,6 +190,9 @@ pub struct Settled {
     /// Which file the cursor was saved for (its device and inode) and its offset there;
     /// `None` when the agent has no cursor (it read nothing yet).
     pub place: Option<(u64, u64, u64)>,
+    /// A hash of everything the cursor says (its file, offset and the marker of the bytes
+    /// before it; or that there is none): equal hashes, the same cursor.
+    pub cursor: u64,
     _turn: Option<Reading>,
 }
 
@@ -205,8 +208,10 @@ pub fn settled_place(bridge: &Bridge, agent: &str) -> Option<Settled> {
     };
     let path = bridge.cursor_path(agent).ok()?;
     let cursor = read_cursor(&path).ok()?;
+    let said = serde_json::to_vec(&cursor).unwrap_or_default();
     Some(Settled {
         place: cursor.map(|cursor| (cursor.dev, cursor.ino, cursor.offset)),
+        cursor: xxhash_rust::xxh3::xxh3_64(&said),
         _turn: turn,
     })
 }

@@ -130,6 +130,11 @@ pub struct Record {
     /// its place there is unknown).
     #[serde(rename = "rd", default, skip_serializing_if = "Option::is_none")]
     pub unread_from: Option<Unread>,
+    /// A new generation's mark: a hash of its reader's cursor as it was then (see
+    /// [`crate::cursor::Settled::cursor`]). The same cursor when the next file replaces
+    /// this one says that the reader read none of this one.
+    #[serde(rename = "rc", default, skip_serializing_if = "Option::is_none")]
+    pub reader_cursor: Option<u64>,
 }
 
 /// What an inbox's reader had not read when a new file replaced the inbox's file.
@@ -141,6 +146,46 @@ pub enum Unread {
     /// The file replaced from this offset on (the files before it were read).
     #[serde(rename = "from")]
     From(u64),
+    /// Generation `.0` from offset `.1` on, and every file after it: the reader read none
+    /// of the files that replaced that one before this.
+    #[serde(rename = "since")]
+    Since(u32, u64),
+}
+
+impl Unread {
+    /// Whether the line at `offset` of generation `gen` was still unread when generation
+    /// `now` began.
+    #[must_use]
+    pub fn holds(self, gen: u32, offset: u64, now: u32) -> bool {
+        match self {
+            Unread::All => gen < now,
+            Unread::From(from) => gen.checked_add(1) == Some(now) && offset >= from,
+            Unread::Since(since, from) => {
+                (gen == since && offset >= from) || (gen > since && gen < now)
+            }
+        }
+    }
+
+    /// Whether the reader had passed the line at `offset` of generation `gen` when
+    /// generation `now` began: known only for the file its cursor was in.
+    #[must_use]
+    pub fn read_before(self, gen: u32, offset: u64, now: u32) -> bool {
+        match self {
+            Unread::All => false,
+            Unread::From(from) => gen.checked_add(1) == Some(now) && offset < from,
+            Unread::Since(since, from) => gen == since && offset < from,
+        }
+    }
+
+    /// What is still unread when the file of generation `now` (begun with `self`) is
+    /// replaced in turn, the reader having read none of it.
+    #[must_use]
+    pub fn carried(self, now: u32) -> Unread {
+        match self {
+            Unread::From(from) => Unread::Since(now.saturating_sub(1), from),
+            other => other,
+        }
+    }
 }
 
 /// What a ring intent is about.
@@ -185,6 +230,7 @@ impl Record {
             covers: Vec::new(),
             ring: None,
             unread_from: None,
+            reader_cursor: None,
         }
     }
 
@@ -229,6 +275,9 @@ pub struct InboxJournal {
     /// The ids of those copies shown so far in this generation.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub redelivered: BTreeSet<String>,
+    /// Its reader's cursor when this generation began (see [`Record::reader_cursor`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reader_cursor: Option<u64>,
 }
 
 /// A file an inbox had in an earlier generation: which file, and its last mark.
@@ -309,6 +358,7 @@ impl InboxJournal {
                 if record.gen != self.gen {
                     self.new_generation(record.gen, dev, ino, record.seen_at);
                     self.unread_from = record.unread_from;
+                    self.reader_cursor = record.reader_cursor;
                 } else if record.dev.is_some() {
                     // A mark says which file the generation is in now: its first marks, and
                     // a later one for the same bytes under a new inode (a copied or restored
@@ -563,13 +613,7 @@ impl Snapshot {
             Some(row) => Some(row.clone()),
             None => self.index().and_then(|index| index.placed(id)),
         };
-        original.is_some_and(|row| {
-            row.inbox == inbox
-                && match unread {
-                    Unread::All => row.gen < gen,
-                    Unread::From(offset) => row.gen + 1 == gen && row.offset >= offset,
-                }
-        })
+        original.is_some_and(|row| row.inbox == inbox && unread.holds(row.gen, row.offset, gen))
     }
 
     pub fn unsaved_messages(&self) -> impl Iterator<Item = &MessageRow> + '_ {

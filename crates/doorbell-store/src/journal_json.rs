@@ -34,6 +34,7 @@ pub(crate) fn write_plain(out: &mut Vec<u8>, record: &Record) -> bool {
         covers,
         ring,
         unread_from,
+        reader_cursor,
     } = record;
     let plain = *version == crate::journal::RECORD_VERSION
         && reason.is_none()
@@ -48,6 +49,7 @@ pub(crate) fn write_plain(out: &mut Vec<u8>, record: &Record) -> bool {
         && covers.is_empty()
         && ring.is_none()
         && unread_from.is_none()
+        && reader_cursor.is_none()
         && matches!(verdict, Word::Accepted | Word::Duplicate | Word::Refused);
     if !plain {
         return false;

@@ -399,9 +399,11 @@ impl View {
         let Some(journal) = self.snapshot.inboxes.get(agent) else {
             return false;
         };
-        // In the file the current one replaced: read when its reader had passed it then.
-        if gen.checked_add(1) == Some(journal.gen) {
-            return matches!(journal.unread_from, Some(crate::journal::Unread::From(from)) if offset < from);
+        // In a file the current one replaced: read when its reader had passed it then.
+        if gen < journal.gen {
+            return journal
+                .unread_from
+                .is_some_and(|unread| unread.read_before(gen, offset, journal.gen));
         }
         let Some(file) = self.current_file(agent, journal) else {
             return false;

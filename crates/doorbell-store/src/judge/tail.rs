@@ -542,15 +542,25 @@ impl Judge {
         // What its reader had not read of the file replaced: a copy of it here is shown.
         // The reader's turn is held until the mark is in the journal: a reader that takes it
         // next sees the new generation, and prints nothing more of the file replaced.
+        // A reader whose cursor is as it was when the file replaced began read none of it:
+        // what it had not read then is still unread, and all of that file (a restored copy
+        // after a file in between, or an inbox renamed back after one).
         let settled = crate::cursor::settled_place(&self.bridge, name);
+        let cursor = settled.as_ref().map(|s| s.cursor);
         let unread_from = match settled.as_ref().map(|s| s.place) {
+            Some(_) if known.gen > 0 && cursor.is_some() && cursor == known.reader_cursor => {
+                known.unread_from.map(|unread| unread.carried(known.gen))
+            }
             Some(None) => Some(Unread::All),
             Some(Some((dev, ino, offset))) if (dev, ino) == (known.dev, known.ino) => {
                 Some(Unread::From(offset))
             }
             Some(Some(_)) | None => None,
         };
-        self.mark_with(name, gen, 0, meta, (None, unread_from), now)?;
+        let mut record = Record::new(name, gen, 0, Word::Mark, now.timestamp_millis());
+        record.unread_from = unread_from;
+        record.reader_cursor = cursor;
+        self.mark_record(record, meta)?;
         if settled.is_some() {
             self.journal.flush()?;
         }
@@ -567,24 +577,15 @@ impl Judge {
         marker: Option<Marker>,
         now: DateTime<Utc>,
     ) -> Result<()> {
-        self.mark_with(name, gen, offset, meta, (marker, None), now)
+        let mut record = Record::new(name, gen, offset, Word::Mark, now.timestamp_millis());
+        record.marker = marker;
+        self.mark_record(record, meta)
     }
 
-    /// [`Judge::mark`], saying for a new generation what its reader had not read before it.
-    fn mark_with(
-        &mut self,
-        name: &str,
-        gen: u32,
-        offset: u64,
-        meta: &std::fs::Metadata,
-        (marker, unread_from): (Option<Marker>, Option<Unread>),
-        now: DateTime<Utc>,
-    ) -> Result<()> {
-        let mut record = Record::new(name, gen, offset, Word::Mark, now.timestamp_millis());
+    /// Journal and apply the mark `record`, of the file `meta` describes.
+    fn mark_record(&mut self, mut record: Record, meta: &std::fs::Metadata) -> Result<()> {
         record.dev = Some(meta.dev());
         record.ino = Some(meta.ino());
-        record.marker = marker;
-        record.unread_from = unread_from;
         self.journal.append(&record)?;
         self.snapshot.apply(record);
         Ok(())
