@@ -109,6 +109,54 @@ fn read_with_room_counts_an_emoji_as_the_harness_does() {
     );
 }
 
+/// The command `read` suggests for what did not fit runs as it says where it was run from:
+/// with the binary's path when `PATH` finds no `doorbell`, and the `--dir` it was given (a
+/// hook's environment). A bare `doorbell read` there was "not found".
+#[test]
+fn reads_suggestion_names_the_binary_and_the_folder_it_was_run_with() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    for n in 0..3 {
+        bridge.send("design", "web", &format!("{n}{}", "x".repeat(900)));
+    }
+    let dir = bridge.dir();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_doorbell"));
+    bridge.env(&mut command);
+    command
+        .env_remove("DOORBELL_DIR")
+        .env("PATH", "/usr/bin:/bin")
+        .args([
+            "--dir",
+            dir.to_str().unwrap(),
+            "read",
+            "web",
+            "--max-chars",
+            "1500",
+        ]);
+    let ran = crate::util::run(command, None);
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let suggested = ran
+        .stdout
+        .lines()
+        .last()
+        .and_then(|line| line.split('`').nth(1))
+        .unwrap_or_else(|| panic!("no command suggested: {}", ran.stdout))
+        .to_owned();
+    assert!(
+        suggested.starts_with(env!("CARGO_BIN_EXE_doorbell"))
+            && suggested.contains(&format!("--dir {}", dir.display())),
+        "{suggested}"
+    );
+    let mut again = std::process::Command::new("sh");
+    bridge.env(&mut again);
+    again
+        .env_remove("DOORBELL_DIR")
+        .env("PATH", "/usr/bin:/bin")
+        .args(["-c", &suggested]);
+    let rest = crate::util::run(again, None);
+    assert_eq!(rest.code, 0, "{suggested}: {}", rest.stderr);
+    assert!(rest.stdout.contains("1xxx"), "{}", rest.stdout);
+}
+
 #[test]
 fn a_partial_last_line_is_never_shown_and_the_cursor_stops_before_it() {
     let bridge = Bridge::with_agents(&["web", "design"]);

@@ -168,8 +168,10 @@ pub fn run(session: &Session, args: &ReadArgs) -> anyhow::Result<i32> {
             let more = if args.peek || args.all {
                 format!("{left} not shown here, past --max-chars {room}.")
             } else {
+                // Named as the hook names it: the binary, `--config` and `--dir` as run.
                 format!(
-                    "{left} not shown here, for room: run `doorbell read {} --max-chars {room}` again.",
+                    "{left} not shown here, for room: run `{} read {} --max-chars {room}` again.",
+                    session.program(),
                     args.agent
                 )
             };
