@@ -41,6 +41,12 @@ fn the_python_sdk_sends_reads_answers_and_waits_through_doorbell_mcp() {
             ["debts", "read", "reply", "send", "show", "status", "wait"]
         );
         assert!(seen["tools_list_chars"].as_u64().unwrap() < 6000, "{seen}");
+        // The bounds the descriptions say are in the schemas a client checks against.
+        assert_eq!(
+            seen["bounds"],
+            serde_json::json!({"read.max": [1, 50], "wait.timeout_secs": 600}),
+            "{seen}"
+        );
         assert_eq!(seen["unknown_tool_code"], -32602, "{seen}");
         assert!(seen["oversized"].as_str().unwrap().contains("shorten it"));
         let request = seen["request"].as_str().unwrap();

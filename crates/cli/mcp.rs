@@ -116,6 +116,7 @@ struct ReplyArgs {
 #[serde(deny_unknown_fields)]
 struct ReadArgs {
     /// At most this many messages (default and most: 50).
+    #[schemars(range(min = 1, max = 50))]
     max: Option<usize>,
 }
 
@@ -125,6 +126,7 @@ struct WaitArgs {
     /// Request ids (a broadcast's id stands for all its requests).
     ids: Vec<String>,
     /// Give up after this many seconds (default 60, at most 600).
+    #[schemars(range(max = 600))]
     timeout_secs: Option<u64>,
     /// Return at the first answer instead of waiting for each.
     #[serde(default)]

@@ -65,6 +65,11 @@ async def main():
         tools = await design.list_tools()
         seen["tools"] = sorted(t.name for t in tools.tools)
         seen["tools_list_chars"] = len(json.dumps([t.model_dump(mode="json", exclude_none=True) for t in tools.tools]))
+        schema = {t.name: t.input_schema.get("properties", {}) for t in tools.tools}
+        seen["bounds"] = {
+            "read.max": [schema["read"]["max"].get("minimum"), schema["read"]["max"].get("maximum")],
+            "wait.timeout_secs": schema["wait"]["timeout_secs"].get("maximum"),
+        }
         sent = await design.call_tool("send", {"to": ["web"], "text": "ETA for the footer?", "request": True})
         expect(not sent.is_error, f"send: {sent.content}")
         request = sent.structured_content["ids"][0]
