@@ -1478,3 +1478,34 @@ fn a_reload_with_the_config_file_gone_keeps_the_old_one() {
     assert_eq!(verdict_of(&bridge, "web", "01FROMCI"), ("a".into(), None));
     stop(daemon);
 }
+
+/// A SIGHUP while the daemon starts (here while it rebuilds its index from a long journal;
+/// `systemctl reload` right after a start) is a reload once it is ready. The signal's default
+/// action ended the daemon, and systemd does not restart one a SIGHUP ended.
+#[test]
+fn a_sighup_while_the_daemon_starts_reloads_once_it_is_ready() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut lines = String::new();
+    for n in 0..200_000 {
+        lines.push_str(&line(&format!("01HUP{n:07}"), "design", "web", "note", ""));
+        lines.push('\n');
+    }
+    bridge.append_raw("web", lines.as_bytes());
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    for name in ["index.db", "index.db-wal", "index.db-shm"] {
+        let _ = std::fs::remove_file(bridge.dir().join(".doorbell").join(name));
+    }
+    let mut daemon = Daemon::spawn_saying(
+        bridge.command(&["daemon"]),
+        "the index is missing",
+        Duration::from_secs(30),
+    );
+    daemon.signal("HUP");
+    daemon.expect_stderr("doorbell: judging", Duration::from_secs(60));
+    daemon.expect_stderr("config reloaded", Duration::from_secs(10));
+    assert!(
+        daemon.child.try_wait().unwrap().is_none(),
+        "the daemon ended: {:?}",
+        daemon.stderr_so_far()
+    );
+}

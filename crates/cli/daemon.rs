@@ -72,14 +72,22 @@ async fn a2a(bridge: &doorbell_store::Bridge) -> anyhow::Result<tokio::sync::one
 }
 
 pub fn run(session: &Session, config_path: Option<&Path>) -> anyhow::Result<i32> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    // SIGHUP is listened for first: its default action ends the process, and a reload
+    // asked while the daemon starts (`systemctl reload` after a start, the index rebuilt
+    // from a long journal) ended it for good (systemd does not restart a daemon a SIGHUP
+    // ended). One that comes before the judge is ready reloads once it is.
+    let hangup = {
+        let _inside = runtime.enter();
+        signal(SignalKind::hangup())?
+    };
     let bridge = session.bridge()?;
     let lock = acquire(&bridge, ROLE)?;
     for warning in bridge.config_warnings()? {
         tracing::warn!("{warning}");
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     runtime.block_on(async {
         let mut terminate = signal(SignalKind::terminate())?;
         let mut interrupt = signal(SignalKind::interrupt())?;
@@ -96,6 +104,7 @@ pub fn run(session: &Session, config_path: Option<&Path>) -> anyhow::Result<i32>
             bridge,
             lock,
             config_path: config_path.map(Path::to_path_buf),
+            hangup: Some(hangup),
         };
         let ready = move |ready: &doorbell_daemon::Ready| {
             let _ = started.send(());

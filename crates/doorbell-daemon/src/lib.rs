@@ -50,6 +50,15 @@ pub struct Options {
     pub lock: BridgeLock,
     /// The config file to read again on SIGHUP (`None`: the default path).
     pub config_path: Option<PathBuf>,
+    /// SIGHUP's listener, made as early as the caller could: until one is made, a SIGHUP
+    /// ends the process (its default action), and one that comes while the judge opens and
+    /// catches up reloads the config once it is ready. `None`: made first thing here.
+    pub hangup: Option<tokio::signal::unix::Signal>,
+}
+
+/// SIGHUP's listener, made now.
+fn hangup() -> Result<tokio::signal::unix::Signal, Error> {
+    signal(SignalKind::hangup()).map_err(Error::Signals)
 }
 
 /// What the daemon found when it became ready.
@@ -63,10 +72,11 @@ pub struct Ready {
 /// Run the judge until `shutdown` completes. `ready` is called once the startup catch-up is
 /// done and every later write will be seen. SIGHUP reloads the config (validated first).
 pub async fn run(
-    options: Options,
+    mut options: Options,
     ready: impl FnOnce(&Ready) + Send + 'static,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
+    let mut hangup = options.hangup.take().map_or_else(hangup, Ok)?;
     let dir = options.bridge.dir().to_path_buf();
     // A write past the file-size limit (`ulimit -f`, systemd's `LimitFSIZE=`) fails with
     // EFBIG, as any failed write, instead of SIGXFSZ killing the daemon: the judge pauses
@@ -107,7 +117,6 @@ pub async fn run(
     });
     let cancel = CancellationToken::new();
     let mut hooks = hooks::Hooks::new(config_rx, cancel.clone());
-    let mut hangup = signal(SignalKind::hangup()).map_err(Error::Signals)?;
     tokio::pin!(shutdown);
     tokio::pin!(judging);
     // The file the config in use came from: a reload that finds none there keeps it.

@@ -105,6 +105,7 @@ fn writes_failing_pause_judging_and_it_resumes_when_they_work() {
         bridge: bridge.clone(),
         lock: BridgeLock::acquire(&bridge, "test").unwrap(),
         config_path: None,
+        hangup: None,
     };
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
