@@ -441,6 +441,29 @@ fn bad_requests(task: &str) -> Vec<Bad> {
     ] {
         cases.push((what, Some(TOKEN), call("SendMessage", &params), 200, -32602));
     }
+    // A send that asks for push notifications is refused as the push methods are, in either
+    // version's name, before its message is sent.
+    for (what, method, key) in [
+        (
+            "a send that asks for pushes",
+            "SendMessage",
+            "taskPushNotificationConfig",
+        ),
+        (
+            "a stream that asks for pushes",
+            "SendStreamingMessage",
+            "taskPushNotificationConfig",
+        ),
+        (
+            "a send that asks for pushes as 0.3 did",
+            "SendMessage",
+            "pushNotificationConfig",
+        ),
+    ] {
+        let params = json!({"message": message(text()),
+                            "configuration": {"returnImmediately": true, key: {"url": "http://x/hook"}}});
+        cases.push((what, Some(TOKEN), call(method, &params), 200, -32003));
+    }
     cases
         .into_iter()
         .map(|(what, token, body, status, code)| Bad {

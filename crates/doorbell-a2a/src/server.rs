@@ -515,6 +515,18 @@ fn return_immediately(params: &Value) -> Result<bool, RpcError> {
     }
 }
 
+/// Whether a send's configuration asks for push notifications (1.0's
+/// `taskPushNotificationConfig`, 0.3's `pushNotificationConfig`). It is refused as the push
+/// methods are, before anything is sent: taken in silence, the caller would wait for calls
+/// that never come.
+fn asks_for_pushes(configuration: Option<&Value>) -> bool {
+    configuration.is_some_and(|configuration| {
+        ["taskPushNotificationConfig", "pushNotificationConfig"]
+            .iter()
+            .any(|key| configuration.get(key).is_some_and(|push| !push.is_null()))
+    })
+}
+
 fn history_length(params: &Value) -> Result<Option<usize>, RpcError> {
     optional(
         params,
@@ -698,6 +710,9 @@ async fn send_message(who: &Who, params: &Value) -> Result<(Sent, Shape), RpcErr
         }
     }
     let configuration = params.get("configuration");
+    if asks_for_pushes(configuration) {
+        return Err(RpcError::push_not_supported());
+    }
     let shape = Shape {
         history: match configuration {
             Some(c) => history_length(c)?,
