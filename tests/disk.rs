@@ -107,6 +107,13 @@ fn long_a_full_then_read_only_disk_loses_and_repeats_nothing() {
     daemon.expect_stderr("judging paused", PATIENCE);
     let paused = daemon.expect_stderr("No space left on device", PATIENCE);
     println!("{paused}");
+    // The person asks what is stuck, and is told.
+    let status = bridge.doorbell(&["status"]);
+    assert_eq!(status.code, 0, "{status:?}");
+    assert!(
+        status.stdout.contains(".doorbell has 0 KiB free"),
+        "{status:?}"
+    );
     std::fs::remove_file(&filler).unwrap();
     daemon.expect_stderr("judging resumed", PATIENCE);
     bridge.wait_for(PATIENCE, "400 verdicts", |b| b.verdict_count() == 400);
@@ -128,6 +135,17 @@ fn long_a_full_then_read_only_disk_loses_and_repeats_nothing() {
         refused.stderr
     );
     println!("{}", refused.stderr.trim());
+    // `status` cannot catch up either, and shows what was judged, saying why.
+    let status = bridge.doorbell(&["status"]);
+    assert_eq!(status.code, 0, "{status:?}");
+    assert!(
+        status.stdout.contains(".doorbell is read-only"),
+        "{status:?}"
+    );
+    assert!(
+        status.stderr.contains("Read-only file system"),
+        "{status:?}"
+    );
     mount.remount("rw");
     bridge.doorbell(&["daemon", "--once"]).ok();
     each_line_judged_once(&bridge, 450);

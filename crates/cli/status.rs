@@ -2,6 +2,7 @@
 //! last arrived; whether a judge is running; how many lines were refused; and warnings a
 //! person should act on.
 
+use anyhow::Context as _;
 use chrono::Utc;
 use doorbell_store::board::{self, Status};
 
@@ -11,7 +12,14 @@ use crate::session::Session;
 
 pub fn run(session: &Session, args: &StatusArgs) -> anyhow::Result<i32> {
     let bridge = session.bridge()?;
-    let mut view = crate::session::view(&bridge)?;
+    let (mut view, stopped) = doorbell_store::View::open_or_as_journaled(&bridge)
+        .context("catching up with the inboxes")?;
+    if let Some(error) = stopped {
+        // The warnings below say what it means; the cause is said once, here.
+        eprintln!(
+            "doorbell: the catch-up could not write ({error}): showing what was judged before it"
+        );
+    }
     if args.format == Some(StatusFormat::Markdown) {
         out_text!("{}", board::markdown(&mut view, Utc::now())?)?;
         return Ok(OK);

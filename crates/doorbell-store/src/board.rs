@@ -9,6 +9,7 @@
 use doorbell_core::report::{plural, printable};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::path::Path;
 
 use chrono::{DateTime, Local, SecondsFormat, TimeZone, Utc};
 use doorbell_core::Request;
@@ -99,6 +100,47 @@ fn unreachable(bridge: &crate::Bridge, name: &str) -> Option<String> {
         state["at"].as_str().unwrap_or("?"),
         state["error"].as_str().unwrap_or("?")
     ))
+}
+
+/// Under this much free space the disk holding the judge's state is full for `status`: a
+/// catch-up's batch of records, with the index's save, takes about this much.
+const LOW_ROOM: u64 = 8 << 20;
+
+/// The free space and whether it is read-only, of the file system holding `path`.
+fn room(path: &Path) -> Option<(u64, bool)> {
+    match crate::fault::failing(path) {
+        Some(crate::fault::Fault::NoSpace) => return Some((0, false)),
+        Some(crate::fault::Fault::ReadOnly) => return Some((0, true)),
+        None => {}
+    }
+    let fs = rustix::fs::statvfs(path).ok()?;
+    let free = fs.f_bavail.saturating_mul(fs.f_frsize);
+    Some((
+        free,
+        fs.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY),
+    ))
+}
+
+/// A full or read-only file system under the judge's state: every verdict is journaled
+/// before anything acts on it, so judging pauses there (the daemon's log says so, and a
+/// paused daemon can write no file to say it): `status` says it, and what it means.
+fn no_room(bridge: &Bridge) -> Option<String> {
+    let state = bridge.dir().join(crate::bridge::STATE_DIR);
+    let (free, read_only) = room(&state)?;
+    let unjudged = "lines written meanwhile are not judged, counted or shown until it can (nothing judged before is lost, and no line is judged twice)";
+    if read_only {
+        return Some(format!(
+            "the file system holding {} is read-only: the judge cannot journal, and {unjudged}; make it writable",
+            state.display()
+        ));
+    }
+    (free < LOW_ROOM).then(|| {
+        format!(
+            "the disk holding {} has {} KiB free: the judge journals every line it judges, and once a write fails for room, {unjudged}; free some space",
+            state.display(),
+            free / 1024
+        )
+    })
 }
 
 /// How long `status` says that an inbox began a new generation.
@@ -416,6 +458,7 @@ pub fn status(view: &mut View) -> Result<Status> {
             Err(error) => warnings.push(unread_unknown(&agent.name, &error)),
         }
     }
+    warnings.extend(no_room(&bridge));
     warnings.extend(bridge.config_warnings()?);
     for agent in agents.values().filter(|a| !a.has_inbox) {
         warnings.push(format!(

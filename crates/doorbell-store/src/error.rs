@@ -103,6 +103,23 @@ fn known_list(known: &[String]) -> String {
 }
 
 impl Error {
+    /// Whether a write was refused for room or because the file system is read-only
+    /// (`ENOSPC`, `EDQUOT`, `EROFS`, or `SQLite`'s words for them): nothing is wrong with the
+    /// bridge, only with where it is kept.
+    #[must_use]
+    pub fn is_no_room(&self) -> bool {
+        match self {
+            Error::Io { source, .. } => matches!(
+                source.raw_os_error(),
+                Some(libc::ENOSPC | libc::EDQUOT | libc::EROFS)
+            ),
+            Error::IndexWrite { message, .. } => {
+                message.contains("disk is full") || message.contains("readonly database")
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn io(
         action: &'static str,
         path: impl Into<PathBuf>,

@@ -95,6 +95,20 @@ pub(crate) fn check(path: &Path) -> io::Result<()> {
     }
 }
 
+/// The fault that fails writes under `path` now, if one is armed and its budget spent: what
+/// `status` reads in place of the file system's own state (`statvfs`).
+pub(crate) fn failing(path: &Path) -> Option<Fault> {
+    if !ARMED.load(Ordering::Relaxed) {
+        return None;
+    }
+    let plans = plans();
+    plans
+        .iter()
+        .find(|p| path.starts_with(&p.dir))
+        .filter(|plan| plan.fault == Fault::ReadOnly || plan.budget == 0)
+        .map(|plan| plan.fault)
+}
+
 /// A file whose writes pass the seam.
 #[derive(Debug)]
 pub(crate) struct Guarded {

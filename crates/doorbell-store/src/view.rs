@@ -25,7 +25,7 @@ use crate::journal::{
     journal_path, Appended, InboxJournal, JournalFollower, Record, Snapshot, Word,
 };
 use crate::reader::{Line, LineReader};
-use crate::{Bridge, BridgeLock, CatchUp, Judge, Result};
+use crate::{Bridge, BridgeLock, CatchUp, Error, Judge, Result};
 
 /// An open view of the bridge, caught up as of when it was opened.
 #[derive(Debug)]
@@ -117,6 +117,17 @@ impl View {
                 open_loaded: false,
                 caught_up: CatchUp::default(),
             }),
+        }
+    }
+
+    /// [`View::open`], or, when its catch-up cannot write (a full or read-only disk), the
+    /// bridge as the index and the journal say, with the error that stopped the catch-up:
+    /// `status` must show what is stuck when the disk is what is stuck.
+    pub fn open_or_as_journaled(bridge: &Bridge) -> Result<(View, Option<Error>)> {
+        match View::open(bridge) {
+            Ok(view) => Ok((view, None)),
+            Err(error) if error.is_no_room() => Ok((View::unjudged(bridge)?, Some(error))),
+            Err(error) => Err(error),
         }
     }
 

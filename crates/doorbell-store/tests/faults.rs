@@ -279,3 +279,64 @@ fn an_append_the_disk_cuts_short_leaves_the_inbox_as_it_was() {
     let stats = s.judge.catch_up(Utc::now()).unwrap();
     assert_eq!((stats.accepted, stats.refused, stats.notices), (2, 0, 0));
 }
+
+/// `status`'s warnings about the file system holding the judge's state.
+fn room_warnings(view: &mut doorbell_store::View) -> Vec<String> {
+    doorbell_store::board::status(view)
+        .unwrap()
+        .warnings
+        .into_iter()
+        .filter(|w| {
+            w.contains("the judge journals every line") || w.contains("the judge cannot journal")
+        })
+        .collect()
+}
+
+/// With no judge running, `status` catches up first: on a full or read-only disk that
+/// catch-up cannot write, and `status` shows what was journaled, saying why nothing new is.
+#[test]
+fn status_says_when_the_judges_disk_is_full_or_read_only() {
+    let mut s = setup();
+    s.append("ROOM", 2);
+    s.judge.catch_up(Utc::now()).unwrap();
+    s.judge.checkpoint().unwrap();
+    drop(s.judge);
+    let bridge = s.bridge;
+    let dir = bridge.dir().to_path_buf();
+    let (mut view, stopped) = doorbell_store::View::open_or_as_journaled(&bridge).unwrap();
+    assert!(stopped.is_none());
+    assert_eq!(room_warnings(&mut view), Vec::<String>::new());
+    drop(view);
+
+    let path = bridge.inbox_path("web").unwrap();
+    append_line(&path, note("01AFTERFULL", "design", "web").as_bytes()).unwrap();
+    for (fault, said) in [
+        (Fault::NoSpace, ".doorbell has 0 KiB free"),
+        (Fault::ReadOnly, ".doorbell is read-only"),
+    ] {
+        fault::inject(&dir, fault, 0);
+        let opened = doorbell_store::View::open_or_as_journaled(&bridge);
+        let (mut view, stopped) = opened.unwrap();
+        let warnings = room_warnings(&mut view);
+        let web = doorbell_store::board::status(&mut view)
+            .unwrap()
+            .agents
+            .into_iter()
+            .find(|a| a.name == "web")
+            .unwrap();
+        fault::clear(&dir);
+        let stopped = stopped.expect("the catch-up could not write");
+        assert!(stopped.is_no_room(), "{stopped}");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains(said), "{warnings:?}");
+        // What was journaled is shown; the line written since is not judged yet.
+        assert_eq!(web.unread, 2, "{web:?}");
+    }
+
+    // Room again: the line is judged, and nothing is said of the disk.
+    let (mut view, stopped) = doorbell_store::View::open_or_as_journaled(&bridge).unwrap();
+    assert!(stopped.is_none());
+    assert_eq!(room_warnings(&mut view), Vec::<String>::new());
+    let web = doorbell_store::board::status(&mut view).unwrap().agents;
+    assert_eq!(web.iter().find(|a| a.name == "web").unwrap().unread, 3);
+}
