@@ -861,6 +861,33 @@ fn a_killed_watch_ends_its_pipe_though_the_daemon_printed_to_it() {
     assert!(all.contains("01BEFOREKILL"), "{all}");
 }
 
+/// `doorbell watch web --json | head -n 1`: the reader takes the line the daemon printed and
+/// goes away, and nothing more comes. The watch ends all the same, without waiting for a
+/// next message to fail to write.
+#[test]
+fn a_watch_whose_reader_went_away_after_its_last_line_ends() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let (_daemon, mut watch) = printing_for_watch(&bridge);
+    let mut head = std::process::Command::new("head")
+        .args(["-n", "1"])
+        .stdin(std::process::Stdio::from(watch.0.stdout.take().unwrap()))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    bridge.append_raw("web", note("01ONLYLINE").as_bytes());
+    let (tx, exited) = std::sync::mpsc::channel();
+    let mut child = std::mem::replace(
+        &mut watch.0,
+        std::process::Command::new("true").spawn().unwrap(),
+    );
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait().unwrap());
+    });
+    assert!(head.wait().unwrap().success(), "head read the line");
+    let status = exited.recv_timeout(PATIENCE).expect("the watch ends");
+    assert!(status.success(), "{status:?}");
+}
+
 /// The pipe's reader gone while the daemon prints: the watch ends, as it would have.
 #[test]
 fn a_watch_whose_reader_went_away_ends_though_the_daemon_printed() {

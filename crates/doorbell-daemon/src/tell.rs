@@ -181,11 +181,14 @@ impl Serving {
                     .cloned()
                     .chain(connected.deliveries.iter().map(|d| Arc::clone(&d.conn)))
                     .collect();
-                let pipes: Vec<Arc<std::fs::File>> = connected
+                // Every output printed to: a full one until it takes more, and any one for
+                // its reader going away (a pipe's POLLERR, a socket's or terminal's POLLHUP,
+                // reported unasked), though nothing more is written to it: left in the set,
+                // either would wake this loop again at once.
+                let pipes: Vec<(Arc<std::fs::File>, bool)> = connected
                     .deliveries
                     .iter()
-                    .filter(|d| d.stalled)
-                    .map(|d| Arc::clone(&d.out))
+                    .map(|d| (Arc::clone(&d.out), d.stalled))
                     .collect();
                 (conns, pipes)
             };
@@ -193,7 +196,14 @@ impl Serving {
             fds.push(PollFd::new(&self.listener, PollFlags::IN));
             fds.push(PollFd::new(&self.woken, PollFlags::IN));
             fds.extend(conns.iter().map(|c| PollFd::new(&**c, PollFlags::IN)));
-            fds.extend(pipes.iter().map(|p| PollFd::new(&**p, PollFlags::OUT)));
+            fds.extend(pipes.iter().map(|(pipe, stalled)| {
+                let wanted = if *stalled {
+                    PollFlags::OUT
+                } else {
+                    PollFlags::empty()
+                };
+                PollFd::new(&**pipe, wanted)
+            }));
             match poll(&mut fds, None) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(error) => {
@@ -205,7 +215,8 @@ impl Serving {
             if self.stop.load(Ordering::Relaxed) {
                 return;
             }
-            let events: Vec<bool> = fds.iter().map(|fd| !fd.revents().is_empty()).collect();
+            let revents: Vec<PollFlags> = fds.iter().map(PollFd::revents).collect();
+            let events: Vec<bool> = revents.iter().map(|r| !r.is_empty()).collect();
             drop(fds);
             if events[0] {
                 while let Ok((stream, _)) = self.listener.accept() {
@@ -219,9 +230,13 @@ impl Serving {
             for (conn, _) in conns.iter().zip(&events[2..]).filter(|(_, e)| **e) {
                 self.heard(conn);
             }
-            let pipes_events = &events[2 + conns.len()..];
-            for (pipe, _) in pipes.iter().zip(pipes_events).filter(|(_, e)| **e) {
-                self.drained(pipe);
+            let pipes_events = &revents[2 + conns.len()..];
+            for ((pipe, _), revents) in pipes.iter().zip(pipes_events) {
+                if revents.intersects(PollFlags::ERR | PollFlags::HUP) {
+                    self.reader_gone(pipe);
+                } else if revents.contains(PollFlags::OUT) {
+                    self.drained(pipe);
+                }
             }
         }
     }
@@ -284,6 +299,19 @@ impl Serving {
                 connected.deliveries.push(delivery);
             }
             outcome => delivery.end(&outcome),
+        }
+    }
+
+    /// A pipe's last reader went away, whether or not anything was written since: the
+    /// watch is told, and ends as it would at its next write.
+    fn reader_gone(&self, pipe: &Arc<std::fs::File>) {
+        let mut connected = self.lock();
+        if let Some(at) = connected
+            .deliveries
+            .iter()
+            .position(|d| Arc::ptr_eq(&d.out, pipe))
+        {
+            connected.deliveries.swap_remove(at).end(&Outcome::Closed);
         }
     }
 
