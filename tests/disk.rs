@@ -111,7 +111,7 @@ fn long_a_full_then_read_only_disk_loses_and_repeats_nothing() {
     let status = bridge.doorbell(&["status"]);
     assert_eq!(status.code, 0, "{status:?}");
     assert!(
-        status.stdout.contains(".doorbell has 0 KiB free"),
+        status.stderr.contains(".doorbell has 0 KiB free"),
         "{status:?}"
     );
     std::fs::remove_file(&filler).unwrap();
@@ -139,7 +139,7 @@ fn long_a_full_then_read_only_disk_loses_and_repeats_nothing() {
     let status = bridge.doorbell(&["status"]);
     assert_eq!(status.code, 0, "{status:?}");
     assert!(
-        status.stdout.contains(".doorbell is read-only"),
+        status.stderr.contains(".doorbell is read-only"),
         "{status:?}"
     );
     assert!(
