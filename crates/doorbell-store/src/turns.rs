@@ -38,20 +38,109 @@ pub(crate) struct Pending<'a> {
     pub gen: u32,
     pub from: u64,
     /// Lines past `from` already judged: not in any turn.
-    pub judged: &'a dyn Fn(u64) -> bool,
+    pub judged: &'a (dyn Fn(u64) -> bool + Sync),
+}
+
+/// Below this many bytes waiting in all, the inboxes are scanned on the judge's thread: a
+/// live sweep's few lines cost less than starting another.
+pub(crate) const SCAN_APART_BYTES: u64 = 4 << 20;
+
+/// What the scan finds in one inbox: each response's request, offset and sender's time, and
+/// every line's id hash, offset and length, in reading order.
+#[derive(Debug, Default)]
+struct Found {
+    responses: Vec<(String, u64, Option<i64>)>,
+    lines: Vec<(u64, u64, usize)>,
+}
+
+/// Read what waits in one inbox. A file that cannot be read gives what was read of it.
+fn scan_one(pending: &Pending<'_>, reader: &mut LineReader) -> Found {
+    let mut found = Found::default();
+    let _ = reader.read(&pending.file, pending.from, |line| -> std::io::Result<()> {
+        let Line::Complete { offset, bytes } = line else {
+            return Ok(());
+        };
+        if (pending.judged)(offset) {
+            return Ok(());
+        }
+        // Only a line that names a response, even escaped, is parsed whole.
+        let named =
+            memmem::find(bytes, b"response").is_some() || memmem::find(bytes, b"\\u").is_some();
+        let id = match leading_id(bytes) {
+            Some(id) if !named => Cow::Borrowed(id),
+            _ => {
+                let Some(head) = head_of(bytes) else {
+                    return Ok(());
+                };
+                if let Some(request) = head.request {
+                    found.responses.push((request, offset, head.at));
+                }
+                let Some(id) = head.id else {
+                    return Ok(());
+                };
+                id
+            }
+        };
+        let hash = xxhash_rust::xxh3::xxh3_64(id.as_bytes());
+        found.lines.push((hash, offset, bytes.len()));
+        Ok(())
+    });
+    found
+}
+
+/// Read what waits in each inbox, on up to `workers` threads (each inbox on one of them, the
+/// next free taking the next inbox); in the inboxes' order.
+fn scan_each(inboxes: &[Pending<'_>], max_line_bytes: usize, workers: usize) -> Vec<Found> {
+    let workers = workers.min(inboxes.len());
+    if workers < 2 {
+        let mut reader = LineReader::new(max_line_bytes);
+        return inboxes
+            .iter()
+            .map(|pending| scan_one(pending, &mut reader))
+            .collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut found: Vec<(usize, Found)> = std::thread::scope(|scope| {
+        let work = || {
+            let mut reader = LineReader::new(max_line_bytes);
+            let mut done = Vec::new();
+            loop {
+                let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(pending) = inboxes.get(index) else {
+                    return done;
+                };
+                done.push((index, scan_one(pending, &mut reader)));
+            }
+        };
+        let helpers: Vec<_> = (1..workers)
+            .map(|_| {
+                std::thread::Builder::new()
+                    .name("scan".into())
+                    .spawn_scoped(scope, work)
+            })
+            .collect();
+        // This thread works too; a helper that could not start leaves its share to it.
+        let mut found = work();
+        for helper in helpers.into_iter().flatten() {
+            found.extend(helper.join().unwrap_or_default());
+        }
+        found
+    });
+    found.sort_unstable_by_key(|(index, _)| *index);
+    found.into_iter().map(|(_, found)| found).collect()
 }
 
 /// A line seen by the scan: the index of its inbox, its offset, its sender's time.
 type Seen = (usize, u64, Option<i64>);
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 struct Queue {
     lines: Vec<Place>,
     next: usize,
 }
 
 /// The turns of one sweep.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Turns {
     /// By the request whose responses take turns, or by [`id_turn`] of an id claimed in
     /// several inboxes.
@@ -180,49 +269,31 @@ fn cross(lines: &[Seen]) -> bool {
 }
 
 impl Turns {
-    /// Read what waits in each inbox and give turns to the responses of each request
-    /// answered from more than one of them, and to the lines of each id claimed in more than
-    /// one. A file that cannot be read gives no turns.
-    pub fn scan(inboxes: &[Pending<'_>], max_line_bytes: usize) -> Turns {
+    /// Read what waits in each inbox (on up to `workers` threads) and give turns to the
+    /// responses of each request answered from more than one of them, and to the lines of
+    /// each id claimed in more than one. A file that cannot be read gives no turns.
+    pub fn scan(inboxes: &[Pending<'_>], max_line_bytes: usize, workers: usize) -> Turns {
         // Per request: each response's inbox, offset and time, in reading order.
         let mut responses: HashMap<String, Vec<Seen>> = HashMap::new();
         // Every line's id (its hash, so that a backlog's ids are not all copied), inbox,
         // offset and length.
         let mut lines: Vec<(u64, usize, u64, usize)> = Vec::new();
-        let mut reader = LineReader::new(max_line_bytes);
-        for (index, pending) in inboxes.iter().enumerate() {
-            let _ = reader.read(&pending.file, pending.from, |line| -> std::io::Result<()> {
-                let Line::Complete { offset, bytes } = line else {
-                    return Ok(());
-                };
-                if (pending.judged)(offset) {
-                    return Ok(());
-                }
-                // Only a line that names a response, even escaped, is parsed whole.
-                let named = memmem::find(bytes, b"response").is_some()
-                    || memmem::find(bytes, b"\\u").is_some();
-                let id = match leading_id(bytes) {
-                    Some(id) if !named => Cow::Borrowed(id),
-                    _ => {
-                        let Some(head) = head_of(bytes) else {
-                            return Ok(());
-                        };
-                        if let Some(request) = head.request {
-                            responses
-                                .entry(request)
-                                .or_default()
-                                .push((index, offset, head.at));
-                        }
-                        let Some(id) = head.id else {
-                            return Ok(());
-                        };
-                        id
-                    }
-                };
-                let hash = xxhash_rust::xxh3::xxh3_64(id.as_bytes());
-                lines.push((hash, index, offset, bytes.len()));
-                Ok(())
-            });
+        for (index, found) in scan_each(inboxes, max_line_bytes, workers)
+            .into_iter()
+            .enumerate()
+        {
+            for (request, offset, at) in found.responses {
+                responses
+                    .entry(request)
+                    .or_default()
+                    .push((index, offset, at));
+            }
+            lines.extend(
+                found
+                    .lines
+                    .into_iter()
+                    .map(|(hash, offset, len)| (hash, index, offset, len)),
+            );
         }
         // The lines of the ids claimed in several inboxes, with their times (read again: they
         // are few). Sorted by hash, the lines of one id are together.
@@ -400,6 +471,70 @@ mod tests {
         assert!(head_of(nested).unwrap().id.is_none());
         let nested_time = br#"{"message":{"parts":[{"type":"data","data":{"createdAt":"2026-12-01T09:00:00Z"}}]},"kind":"response","correlatesTo":"r1","createdAt":"2026-12-01T10:00:00Z"}"#;
         assert_eq!(head_of(nested_time).unwrap().at, Some(1_796_119_200_000));
+    }
+
+    /// Inboxes read on several threads give the turns one thread gives: the same queues, in
+    /// the same order, whichever thread read which inbox.
+    #[test]
+    fn inboxes_scanned_apart_take_the_turns_they_take_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let line = |id: String, from: &str, kind: &str, request: &str, at: u32| {
+            let re = if request.is_empty() {
+                String::new()
+            } else {
+                format!(r#","correlatesTo":"{request}","state":"working""#)
+            };
+            format!(
+                r#"{{"id":"{id}","from":"{from}","to":"x","kind":"{kind}"{re},"createdAt":"2026-12-01T10:00:{:02}.{:03}Z"}}"#,
+                at / 1000 % 60,
+                at % 1000
+            ) + "\n"
+        };
+        let names = ["ann", "bob", "cy", "dee", "eve"];
+        let mut texts = vec![String::new(); names.len()];
+        for i in 0..400u32 {
+            let to = (i as usize * 7) % names.len();
+            let request = format!("r{}", i % 23);
+            // Responses to 23 requests from every inbox, a reused id now and then, notes.
+            let (id, kind, re) = match i % 5 {
+                0 => (request.clone(), "request", ""),
+                1 | 2 => (format!("s{i}"), "response", request.as_str()),
+                3 => (format!("dup{}", i % 11), "note", ""),
+                _ => (format!("n{i}"), "note", ""),
+            };
+            texts[to].push_str(&line(
+                id,
+                names[(to + 1) % names.len()],
+                kind,
+                re,
+                i * 37 % 60_000,
+            ));
+        }
+        let judged = |_: u64| false;
+        let inboxes: Vec<Pending<'_>> = names
+            .iter()
+            .zip(&texts)
+            .map(|(name, text)| {
+                let path = dir.path().join(format!("{name}-inbox.jsonl"));
+                std::fs::write(&path, text).unwrap();
+                Pending {
+                    name,
+                    file: File::open(&path).unwrap(),
+                    gen: 0,
+                    from: 0,
+                    judged: &judged,
+                }
+            })
+            .collect();
+        let together = Turns::scan(&inboxes, 1 << 20, 1);
+        assert!(together.queues.len() > 20, "{}", together.queues.len());
+        for workers in [2, 3, 8] {
+            assert_eq!(
+                Turns::scan(&inboxes, 1 << 20, workers),
+                together,
+                "{workers} threads"
+            );
+        }
     }
 
     #[test]

@@ -591,6 +591,7 @@ impl Judge {
             return Turns::default();
         }
         let mut pending = Vec::new();
+        let mut waiting_bytes = 0;
         for name in waiting {
             let Ok(path) = self.bridge.inbox_path(name) else {
                 continue;
@@ -618,14 +619,15 @@ impl Judge {
                 Some(_) => continue,
                 None => (0, 0, None),
             };
+            waiting_bytes += meta.len().saturating_sub(from);
             pending.push((name.as_str(), file, gen, from, judged));
         }
-        let judged: Vec<Box<dyn Fn(u64) -> bool + '_>> = pending
+        let judged: Vec<Box<dyn Fn(u64) -> bool + Sync + '_>> = pending
             .iter()
             .map(|(_, _, _, _, judged)| {
                 let judged = *judged;
                 Box::new(move |offset| judged.is_some_and(|j| j.contains_key(&offset)))
-                    as Box<dyn Fn(u64) -> bool + '_>
+                    as Box<dyn Fn(u64) -> bool + Sync + '_>
             })
             .collect();
         let inboxes: Vec<Pending<'_>> = pending
@@ -639,7 +641,14 @@ impl Judge {
                 judged: judged.as_ref(),
             })
             .collect();
-        Turns::scan(&inboxes, self.limits.max_line_bytes)
+        // A backlog's inboxes are read each on one thread, as many at once as the judge has
+        // helpers and itself; a few lines on the judge's alone.
+        let workers = if waiting_bytes >= crate::turns::SCAN_APART_BYTES {
+            self.sharing.helpers + 1
+        } else {
+            1
+        };
+        Turns::scan(&inboxes, self.limits.max_line_bytes, workers)
     }
 
     /// Whether `name`'s inbox may hold bytes not judged yet: it is longer than where judging
