@@ -107,3 +107,46 @@ fn an_index_rebuilt_under_a_running_judge_gets_its_lookups_at_once() {
         .request("01ASK")
         .is_some_and(|r| r.is_open()));
 }
+
+/// A thread's first message is found by its id, the rest through `messages_by_thread`, which
+/// holds only messages of a thread another began: the whole thread, and no scan.
+#[test]
+fn a_thread_is_found_whole_through_its_first_id_and_a_lookup_of_the_rest() {
+    let (_dir, bridge) = bridge();
+    let answer = r#"{"id":"01ANSWER","from":"web","to":"design","kind":"response","correlatesTo":"01ASK","contextId":"01ASK","state":"completed","createdAt":"2026-11-29T10:01:00Z","message":{"role":"agent","parts":[{"type":"text","text":"done"}]}}"#;
+    append_line(&bridge.inbox_path("design").unwrap(), answer.as_bytes()).unwrap();
+    let mut judge = judge(&bridge);
+    assert_eq!(judge.catch_up(Utc::now()).unwrap().accepted, 3);
+    drop(judge);
+    let view = View::unjudged(&bridge).unwrap();
+    let thread: Vec<String> = view
+        .thread("01ASK")
+        .unwrap()
+        .into_iter()
+        .map(|m| m.row.id)
+        .collect();
+    assert_eq!(thread, ["01ASK", "01ANSWER"]);
+    assert_eq!(view.thread("01NOTE").unwrap().len(), 1);
+    let conn = rusqlite::Connection::open(index_path(&bridge.state_dir().unwrap())).unwrap();
+    let in_lookup: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM messages INDEXED BY messages_by_thread \
+             WHERE context_id = '01ASK' AND context_id != id",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        in_lookup, 1,
+        "the answer, not the request that began the thread"
+    );
+    // Partial: a backlog's requests and notes, each a thread of its own, are not in it.
+    let partial: bool = conn
+        .query_row(
+            "SELECT partial FROM pragma_index_list('messages') WHERE name = 'messages_by_thread'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert!(partial, "only messages of a thread another began");
+}
