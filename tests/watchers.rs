@@ -861,6 +861,20 @@ fn a_killed_watch_ends_its_pipe_though_the_daemon_printed_to_it() {
     assert!(all.contains("01BEFOREKILL"), "{all}");
 }
 
+/// The watch's exit status, waited for on a thread of its own: the test waits for it with a
+/// deadline.
+fn exit_of(watch: &mut WatchChild) -> std::sync::mpsc::Receiver<std::process::ExitStatus> {
+    let (tx, exited) = std::sync::mpsc::channel();
+    let mut child = std::mem::replace(
+        &mut watch.0,
+        std::process::Command::new("true").spawn().unwrap(),
+    );
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait().unwrap());
+    });
+    exited
+}
+
 /// `doorbell watch web --json | head -n 1`: the reader takes the line the daemon printed and
 /// goes away, and nothing more comes. The watch ends all the same, without waiting for a
 /// next message to fail to write.
@@ -875,14 +889,7 @@ fn a_watch_whose_reader_went_away_after_its_last_line_ends() {
         .spawn()
         .unwrap();
     bridge.append_raw("web", note("01ONLYLINE").as_bytes());
-    let (tx, exited) = std::sync::mpsc::channel();
-    let mut child = std::mem::replace(
-        &mut watch.0,
-        std::process::Command::new("true").spawn().unwrap(),
-    );
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait().unwrap());
-    });
+    let exited = exit_of(&mut watch);
     assert!(head.wait().unwrap().success(), "head read the line");
     let status = exited.recv_timeout(PATIENCE).expect("the watch ends");
     assert!(status.success(), "{status:?}");
@@ -895,14 +902,7 @@ fn a_watch_whose_reader_went_away_ends_though_the_daemon_printed() {
     let (_daemon, mut watch) = printing_for_watch(&bridge);
     drop(watch.0.stdout.take());
     bridge.append_raw("web", note("01NOBODYREADS").as_bytes());
-    let (tx, exited) = std::sync::mpsc::channel();
-    let mut child = std::mem::replace(
-        &mut watch.0,
-        std::process::Command::new("true").spawn().unwrap(),
-    );
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait().unwrap());
-    });
+    let exited = exit_of(&mut watch);
     let status = exited.recv_timeout(PATIENCE).expect("the watch ends");
     assert!(status.success(), "{status:?}");
 }
