@@ -82,12 +82,13 @@ CREATE TABLE IF NOT EXISTS untold(key TEXT PRIMARY KEY, data TEXT NOT NULL, sum 
 ";
 
 /// The lookups of the readers (threads, history, due and closed requests): none is asked by
-/// the judge while it judges. A thread's first message is found by its id, so the thread
-/// lookup holds only the messages of a thread begun by another (made full, before, it took
-/// 0.4 s of a 500,000-message catch-up; an index made so keeps it, and answers the same). A new index is filled without them and they are made once
-/// it holds its first catch-up ([`IndexWriter::finish`]): sorting half a million rows once
+/// the judge while it judges. A new index is filled without them and they are made once it
+/// holds its first catch-up ([`IndexWriter::finish`]): sorting half a million rows once
 /// costs under a second, keeping every insert's place in eight B-trees cost about half a
-/// catch-up's time. A reader meanwhile gets the same answers, by scanning.
+/// catch-up's time. A reader meanwhile gets the same answers, by scanning. A thread's first
+/// message is found by its id, so the thread lookup holds only the messages of threads
+/// another began (made full, it took 0.4 s of a 500,000-message catch-up; an index made so
+/// before keeps it, and answers the same).
 const LOOKUPS: &str = "
 CREATE INDEX IF NOT EXISTS messages_by_thread ON messages(context_id) WHERE context_id != id;
 CREATE INDEX IF NOT EXISTS messages_by_time ON messages(seen_at);
