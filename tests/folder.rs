@@ -1166,6 +1166,34 @@ fn status_says_an_inbox_was_restored_to_an_older_copy() {
         "{}",
         status.stderr
     );
+    // Written on past where the file before was judged to: the lines are no more in it than
+    // they were, and it is still said.
+    for n in 0..3 {
+        bridge.send("design", "web", &format!("after the restore {n}"));
+    }
+    assert_eq!(bridge.doorbell(&["daemon", "--once"]).code, 0);
+    let status = bridge.doorbell(&["status"]);
+    assert!(
+        status
+            .stderr
+            .contains("; other lines stand now where the file before was judged ("),
+        "{}",
+        status.stderr
+    );
+    assert!(
+        status
+            .stderr
+            .contains("bytes): some of its lines are no longer in it"),
+        "{}",
+        status.stderr
+    );
+    assert!(
+        status
+            .stderr
+            .contains("web had not read all of the file before"),
+        "{}",
+        status.stderr
+    );
 }
 
 /// A notice the start-up catch-up could not write, because another process held the

@@ -163,16 +163,41 @@ fn new_generation(
         "{name}'s inbox was truncated, replaced or restored {} ago: it was read again from its start, and lines judged before count as judged, not as new",
         silent_for(since, now)
     );
-    let judged_before = journal.earlier.last().map_or(0, |e| e.offset);
-    let length = bridge
+    let earlier = journal.earlier.last();
+    let judged_before = earlier.map_or(0, |e| e.offset);
+    let file = bridge
         .inbox_path(name)
         .ok()
-        .and_then(|path| std::fs::metadata(path).ok())
+        .and_then(|path| crate::append::open_inbox(&path, false).ok());
+    let length = file
+        .as_ref()
+        .and_then(|file| file.metadata().ok())
         .map_or(0, |meta| meta.len());
-    if length < judged_before {
+    // Whether the file still holds, byte for byte, what was judged of the one before: not
+    // when it is shorter, and not when other lines were written where those stood (an older
+    // copy restored and written on since, a truncation written past where it was): said as
+    // long as the generation is, not only until the file is longer again.
+    let holds_before = length >= judged_before
+        && earlier.zip(file.as_ref()).is_none_or(|(earlier, file)| {
+            earlier.marker.matches(file, earlier.offset).unwrap_or(true)
+        });
+    let read_none_before =
+        matches!(journal.unread_from, Some(crate::journal::Unread::Since(..))) && judged_before > 0;
+    if length < judged_before || (!holds_before && !read_none_before) {
+        let _ = if length < judged_before {
+            write!(
+                text,
+                "; it is shorter than what was judged of the file before ({judged_before} bytes, now {length})"
+            )
+        } else {
+            write!(
+                text,
+                "; other lines stand now where the file before was judged ({judged_before} bytes)"
+            )
+        };
         let _ = write!(
             text,
-            "; it is shorter than what was judged of the file before ({judged_before} bytes, now {length}): some of its lines are no longer in it (restored from an older copy, edited, or rotated: a rotation keeps them in the old file, such as {name}-inbox.jsonl.1)"
+            ": some of its lines are no longer in it (restored from an older copy, edited, or rotated: a rotation keeps them in the old file, such as {name}-inbox.jsonl.1)"
         );
         // Whether its reader had read the file replaced to the end.
         let unread = match journal.unread_from {
@@ -189,9 +214,7 @@ fn new_generation(
         } else {
             let _ = write!(text, ", and their senders may have to send them again");
         }
-    } else if matches!(journal.unread_from, Some(crate::journal::Unread::Since(..)))
-        && judged_before > 0
-    {
+    } else if read_none_before {
         // Longer, but the file before it was never read: what of it this one does not hold
         // is shown nowhere.
         let _ = write!(
