@@ -393,6 +393,11 @@ fn bad_requests(task: &str) -> Vec<Bad> {
     for (what, params) in [
         ("a contextId that is no string", json!({"contextId": 7})),
         ("a pageToken that is no string", json!({"pageToken": 7})),
+        // A token naming no task would give an empty last page: the list taken for whole.
+        (
+            "a pageToken naming no task",
+            json!({"pageToken": "no-such-task"}),
+        ),
         (
             "a timestamp that is no string",
             json!({"statusTimestampAfter": 7}),
@@ -474,6 +479,56 @@ fn bad_requests(task: &str) -> Vec<Bad> {
             code,
         })
         .collect()
+}
+
+/// `ListTasks` a page at a time: each page's `nextPageToken` gives the next, and every task
+/// is listed once; the last page has no token.
+#[test]
+fn list_tasks_pages_through_every_task_by_its_tokens() {
+    let bridge = Bridge::with_agents(&["web", "human"]);
+    config(&bridge, "[a2a]\nlisten = \"127.0.0.1:0\"\n");
+    let mut daemon = Daemon::start(&bridge, &[]);
+    let addr = address(&daemon.expect_stderr("serving A2A on", Duration::from_secs(5)));
+    let mut sent: Vec<String> = (0..3)
+        .map(|n| {
+            let (status, ok) = rpc(
+                &addr,
+                Some(TOKEN),
+                &call("SendMessage", &send(&format!("request {n}"), &json!({}))),
+            );
+            assert_eq!(status, 200, "{ok}");
+            ok["result"]["task"]["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    sent.sort();
+    let mut listed = Vec::new();
+    let mut token = String::new();
+    for _ in 0..sent.len() {
+        let (status, page) = rpc(
+            &addr,
+            Some(TOKEN),
+            &call("ListTasks", &json!({"pageSize": 2, "pageToken": token})),
+        );
+        assert_eq!(status, 200, "{page}");
+        let result = &page["result"];
+        assert!(result.is_object(), "{page}");
+        listed.extend(
+            result["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["id"].as_str().unwrap().to_owned()),
+        );
+        token = result["nextPageToken"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert!(token.is_empty(), "more pages than tasks: {listed:?}");
+    assert_eq!(listed, sent);
 }
 
 #[test]

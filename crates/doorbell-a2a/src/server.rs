@@ -647,6 +647,15 @@ fn list(who: &Who, params: &Value) -> Result<Value, RpcError> {
             .unwrap_or(false),
     };
     let view = View::open(&who.gateway.bridge)?;
+    // A token is the last task of the page before: one that names no task of the caller's
+    // here would give an empty last page, and the caller would take its list for whole.
+    if let Some(token) = token {
+        visible(&view, who, token).map_err(|_| {
+            RpcError::invalid_params(format!(
+                "pageToken '{token}' names no task of yours here: pass the nextPageToken of the page before, or none for the first page"
+            ))
+        })?;
+    }
     let matching: Vec<Request> = view
         .requests_to(&who.station, Some(&who.caller))?
         .into_iter()
