@@ -843,22 +843,37 @@ fn a_line_damaged_in_place_before_the_daemon_printed_it_is_passed_over() {
 /// reader sees the end, as it would have without the daemon.
 #[test]
 fn a_killed_watch_ends_its_pipe_though_the_daemon_printed_to_it() {
-    use std::io::Read;
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
     let (_daemon, mut watch) = printing_for_watch(&bridge);
-    let mut output = watch.0.stdout.take().unwrap();
-    let (tx, ended) = std::sync::mpsc::channel();
+    let output = watch.0.stdout.take().unwrap();
+    // Each line the pipe's reader gets, then None at its end.
+    let (tx, lines) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut all = String::new();
-        let _ = output.read_to_string(&mut all);
-        let _ = tx.send(all);
+        for line in BufReader::new(output).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(Some(line)).is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(None);
     });
     bridge.append_raw("web", note("01BEFOREKILL").as_bytes());
-    bridge.wait_for(PATIENCE, "read", |b| b.read_json("web", &[]).is_empty());
+    // Killed once the daemon printed for it (waiting on the pipe itself: a `read` of the
+    // inbox meanwhile would be another reader, and take the line first when it can).
+    let printed = lines.recv_timeout(PATIENCE).expect("the line printed");
+    assert!(
+        printed
+            .as_deref()
+            .is_some_and(|l| l.contains("01BEFOREKILL")),
+        "{printed:?}"
+    );
     watch.0.kill().unwrap();
     watch.0.wait().unwrap();
-    let all = ended.recv_timeout(PATIENCE).expect("the pipe ends");
-    assert!(all.contains("01BEFOREKILL"), "{all}");
+    assert_eq!(
+        lines.recv_timeout(PATIENCE).expect("the pipe ends"),
+        None,
+        "nothing more, then the end"
+    );
 }
 
 /// The watch's exit status, waited for on a thread of its own: the test waits for it with a
