@@ -486,9 +486,8 @@ fn bad_requests(task: &str) -> Vec<Bad> {
 #[test]
 fn list_tasks_pages_through_every_task_by_its_tokens() {
     let bridge = Bridge::with_agents(&["web", "human"]);
-    config(&bridge, "[a2a]\nlisten = \"127.0.0.1:0\"\n");
-    let mut daemon = Daemon::start(&bridge, &[]);
-    let addr = address(&daemon.expect_stderr("serving A2A on", Duration::from_secs(5)));
+    config(&bridge, "");
+    let (_gateway, addr) = serve(&bridge);
     let mut sent: Vec<String> = (0..3)
         .map(|n| {
             let (status, ok) = rpc(
