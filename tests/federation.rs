@@ -3,8 +3,10 @@
 //! Each serves its station over A2A to the other. Both run the real daemon; the exchange goes across, debts and rings hold
 //! on both sides, and SIGKILLs of either daemon lose and repeat nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -19,6 +21,9 @@ struct Pair {
     b: Bridge,
     /// Where A's and B's gateways listen.
     ports: (u16, u16),
+    /// Each port held until its side first starts, so that no other test's gateway takes
+    /// it meanwhile (a side not yet started must be unreachable, not someone else).
+    held: Mutex<(Option<OwnedFd>, Option<OwnedFd>)>,
 }
 
 /// The token both sides share, in a file of `bridge`'s (mode 0600).
@@ -29,12 +34,27 @@ fn token_file(bridge: &Bridge) -> std::path::PathBuf {
     token
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A port no other test of this run is given, held by a socket bound to it that does not
+/// listen: a connection to it is refused, as to a station that is down, and no one else can
+/// bind it until the socket is dropped.
+fn free_port() -> (u16, OwnedFd) {
+    use rustix::net::{bind, getsockname, socket_with, AddressFamily, SocketFlags, SocketType};
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    loop {
+        // Close-on-exec: a daemon started meanwhile must not hold it past its drop.
+        let flags = SocketFlags::CLOEXEC;
+        let socket = socket_with(AddressFamily::INET, SocketType::STREAM, flags, None).unwrap();
+        bind(
+            &socket,
+            &std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 0),
+        )
+        .unwrap();
+        let address = getsockname(&socket).unwrap();
+        let port = std::net::SocketAddr::try_from(address).unwrap().port();
+        if GIVEN.lock().unwrap().insert(port) {
+            return (port, socket);
+        }
+    }
 }
 
 impl Pair {
@@ -46,7 +66,8 @@ impl Pair {
     fn knowing_web_as(alias: &str, debts: &str) -> Pair {
         let a = Bridge::with_agents(&["design", "human"]);
         let b = Bridge::with_agents(&["web", "human"]);
-        let ports = (free_port(), free_port());
+        let ((port_a, held_a), (port_b, held_b)) = (free_port(), free_port());
+        let ports = (port_a, port_b);
         // Each side's remote is a station on the other bridge, and calls this one: one
         // token, held by both, says so both ways.
         for (bridge, remote, far, port, theirs) in [
@@ -62,7 +83,12 @@ impl Pair {
                 token.display()
             ));
         }
-        Pair { a, b, ports }
+        Pair {
+            a,
+            b,
+            ports,
+            held: Mutex::new((Some(held_a), Some(held_b))),
+        }
     }
 
     fn start(bridge: &Bridge, port: u16) -> Daemon {
@@ -73,10 +99,12 @@ impl Pair {
     }
 
     fn start_a(&self) -> Daemon {
+        drop(self.held.lock().unwrap().0.take());
         Pair::start(&self.a, self.ports.0)
     }
 
     fn start_b(&self) -> Daemon {
+        drop(self.held.lock().unwrap().1.take());
         Pair::start(&self.b, self.ports.1)
     }
 }
