@@ -941,12 +941,13 @@ fn a_journal_restored_under_the_daemon_with_the_lock_kept_stops_it() {
 }
 
 /// The journal restored under the daemon while nothing arrives, a ring due: the ring's own
-/// turn finds it, before it journals the ring past what the restore left.
+/// turn finds it, before it journals the ring past what the restore left. (The restore must
+/// come before the ring is due: 5 s leaves room for a test thread held up under load.)
 #[test]
 fn a_journal_restored_under_the_daemon_is_found_by_a_ring_due_with_nothing_arriving() {
     let patience = std::time::Duration::from_secs(20);
     let bridge = Bridge::with_agents(&["web", "design"]);
-    bridge.config("[debts]\nring_after = \"2s\"\n");
+    bridge.config("[debts]\nring_after = \"5s\"\n");
     let mut daemon = crate::util::Daemon::start(&bridge, &[]);
     let journal = bridge.dir().join(".doorbell/journal.jsonl");
     let backup = bridge.tmp.path().join("journal.backup");
