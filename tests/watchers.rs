@@ -684,6 +684,38 @@ fn a_pipe_that_fills_while_the_daemon_prints_misses_nothing_and_holds_nothing() 
     signal(watch.0.id(), "CONT");
 }
 
+/// A burst from sixteen writers at once: the daemon prints some of it on the judge's thread
+/// and some on its socket's, and the watch's pipe gets every line once, in the inbox's
+/// order, and the line after the burst after it.
+#[test]
+fn a_burst_from_many_writers_is_printed_once_each_in_the_inboxs_order() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let (_daemon, mut watch) = printing_for_watch(&bridge);
+    let mut lines = BufReader::new(watch.0.stdout.take().unwrap()).lines();
+    std::thread::scope(|scope| {
+        for writer in 0..16 {
+            let bridge = &bridge;
+            scope.spawn(move || {
+                for n in 0..100 {
+                    bridge.append_raw("web", note(&format!("01B{writer:02}N{n:03}")).as_bytes());
+                }
+            });
+        }
+    });
+    let in_inbox: Vec<String> = bridge
+        .lines("web")
+        .iter()
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_slice(line).unwrap();
+            value["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(in_inbox.len(), 1600);
+    assert_eq!(ids_from(&mut lines, in_inbox.len()), in_inbox);
+    bridge.append_raw("web", note("01BAFTER").as_bytes());
+    assert_eq!(ids_from(&mut lines, 1), ["01BAFTER"]);
+}
+
 /// A daemon, and a `watch --json` of web whose pipe it prints to.
 fn printing_for_watch(bridge: &Bridge) -> (Daemon, WatchChild) {
     let mut daemon = Daemon::start(bridge, &[]);

@@ -324,8 +324,9 @@ pub enum Outcome {
 
 impl Delivery {
     /// Take over `request`'s printing to `out`, or say why not. The view is read from the
-    /// files here; [`Delivery::catch_up`] brings it to the journal's end once the judge
-    /// cannot append meanwhile.
+    /// files here; [`Delivery::catch_up`] brings it to the journal's end, and what the
+    /// judge appends from the moment it was queued for this delivery is taken after
+    /// ([`Delivery::take`] passes over what was read already).
     pub fn start(
         bridge: &Bridge,
         conn: Arc<UnixStream>,
@@ -390,10 +391,13 @@ impl Delivery {
         self.step(bridge)
     }
 
-    /// What the judge just journaled: print what it accepted for this agent.
-    pub fn take(&mut self, bridge: &Bridge, appended: &Appended) -> Outcome {
-        if let Err(e) = self.updates.take(appended, &mut self.journal) {
-            return Outcome::Back(e.to_string());
+    /// What the judge just journaled, in the order it was: print what it accepted for this
+    /// agent, in one step.
+    pub fn take(&mut self, bridge: &Bridge, appended: &[Arc<Appended>]) -> Outcome {
+        for appended in appended {
+            if let Err(e) = self.updates.take(appended, &mut self.journal) {
+                return Outcome::Back(e.to_string());
+            }
         }
         if self.stalled {
             return Outcome::Going;

@@ -419,7 +419,7 @@ fn step(
         match watchers {
             // A long run of lines reaches the watchers in steps while the rest is judged.
             Some(watchers) => Some(judge.sweep_telling(&names, now, &mut |appended| {
-                watchers.tell(&appended);
+                watchers.tell(appended, true);
             })?),
             None => Some(judge.sweep(&names, now)?),
         }
@@ -490,7 +490,7 @@ fn tell(judge: &mut Judge, watchers: Option<&Watchers>) {
         return;
     };
     match judge.take_appended() {
-        Ok(Some(appended)) => watchers.tell(&appended),
+        Ok(Some(appended)) => watchers.tell(appended, false),
         Ok(None) => {}
         Err(error) => tracing::debug!(%error, "nothing told to the watchers"),
     }

@@ -8,13 +8,19 @@
 //! roll, or loses the daemon reads the journal file from where it stands, as it always could;
 //! bytes it already has are skipped by their place in the file. The judge never waits for a
 //! watcher: a watcher whose socket is full is let go.
+//!
+//! A watch whose output the daemon prints to ([`crate::deliver`]) is printed to by whoever
+//! holds the printing: the judge, once it has judged all there was, when nobody else prints
+//! (a message's way stays on the thread it woke); the socket's thread while the judge has
+//! more lines to judge, or is told while a print is under way. What the judge appends is
+//! queued first, so every watch takes it in the order it was appended, whoever prints it.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use doorbell_store::journal::Appended;
@@ -34,30 +40,77 @@ const MAX_WATCHERS: usize = 64;
 const GREETING_WAIT: Duration = Duration::from_secs(2);
 /// The most bytes one frame may carry (the journal's copy lets go well before).
 const MAX_FRAME: u64 = 8 << 20;
+/// The most bytes queued for the watches printed to; past it the queue is let go and they
+/// read the journal file instead.
+const MAX_QUEUED: usize = 8 << 20;
+/// A tell this soon after the last one is a burst's: its lines are printed on the socket's
+/// thread while the judge judges the next.
+const BURST_GAP: Duration = Duration::from_millis(2);
 
-/// Who is connected: watchers told every append, and watchers whose output the daemon
-/// prints to.
+/// Who is connected: watchers told every append, how many watchers the daemon prints to
+/// (their deliveries are in [`Printing`]), and what the judge appended that those have not
+/// taken.
 #[derive(Debug, Default)]
 struct Connected {
     streams: Vec<Arc<UnixStream>>,
-    deliveries: Vec<Delivery>,
+    printing: usize,
+    queued: Vec<Arc<Appended>>,
+    queued_bytes: usize,
+    /// The queue was let go: the watches printed to read the journal file.
+    missed: bool,
+    /// When the judge last told: a tell soon after it is a burst's.
+    told_at: Option<Instant>,
 }
 
 impl Connected {
     fn len(&self) -> usize {
-        self.streams.len() + self.deliveries.len()
+        self.streams.len() + self.printing
+    }
+
+    /// One watch printed to fewer; with none left, nothing stays queued.
+    fn printed_one_fewer(&mut self) {
+        self.printing -= 1;
+        if self.printing == 0 {
+            self.queued = Vec::new();
+            self.queued_bytes = 0;
+            self.missed = false;
+        }
+    }
+
+    /// Queue `appended` for the watches printed to; false when none is.
+    fn queue(&mut self, appended: &Arc<Appended>) -> bool {
+        if self.printing == 0 {
+            return false;
+        }
+        if self.missed {
+            return true;
+        }
+        if self.queued_bytes + appended.bytes.len() > MAX_QUEUED {
+            self.queued.clear();
+            self.queued_bytes = 0;
+            self.missed = true;
+        } else {
+            self.queued_bytes += appended.bytes.len();
+            self.queued.push(Arc::clone(appended));
+        }
+        true
     }
 }
+
+/// The watches the daemon prints to. Whoever holds the lock prints; the judge only tries it.
+type Printing = Arc<Mutex<Vec<Delivery>>>;
 
 /// The daemon's side: the socket and the watchers connected to it.
 #[derive(Debug)]
 pub struct Watchers {
     connected: Arc<Mutex<Connected>>,
+    printing: Printing,
     bridge: Option<Bridge>,
     path: PathBuf,
     stop: Arc<AtomicBool>,
-    /// Wakes the socket's thread: to stop, or to wait for a pipe that took no more.
+    /// Wakes the socket's thread: to stop, or to print what was queued.
     wake: UnixStream,
+    serving: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Watchers {
@@ -78,47 +131,77 @@ impl Watchers {
         wake.set_nonblocking(true)?;
         woken.set_nonblocking(true)?;
         let connected = Arc::new(Mutex::new(Connected::default()));
+        let printing = Printing::default();
         let stop = Arc::new(AtomicBool::new(false));
         let serving = Serving {
             listener,
             woken,
             connected: Arc::clone(&connected),
+            printing: Arc::clone(&printing),
             stop: Arc::clone(&stop),
             bridge: bridge.clone(),
         };
-        std::thread::Builder::new()
+        let serving = std::thread::Builder::new()
             .name("watchers".into())
             .spawn(move || serving.serve())?;
         Ok(Watchers {
             connected,
+            printing,
             bridge,
             path,
             stop,
             wake,
+            serving: Some(serving),
         })
     }
 
     /// Hand `appended` to every watcher; one that cannot take it now is let go. Watchers
-    /// whose output is here get their lines first.
-    pub fn tell(&self, appended: &Appended) {
+    /// whose output is here get their lines printed on this thread when `more` is false (the
+    /// judge has judged all there was) and nobody prints now, else on the socket's thread.
+    pub fn tell(&self, appended: Appended, more: bool) {
+        let appended = Arc::new(appended);
+        let (queued, burst) = {
+            let mut connected = self
+                .connected
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let now = Instant::now();
+            let burst = connected
+                .told_at
+                .replace(now)
+                .is_some_and(|at| now.duration_since(at) < BURST_GAP);
+            (connected.queue(&appended), burst)
+        };
+        if queued && (more || burst || !self.print_here()) {
+            let _ = (&self.wake).write(&[1]);
+        }
+        self.tell_streams(&appended);
+    }
+
+    /// Print what is queued on this thread, when nobody prints now. False when somebody
+    /// does: what is queued is theirs to print.
+    fn print_here(&self) -> bool {
+        let mut deliveries = match self.printing.try_lock() {
+            Ok(deliveries) => deliveries,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return false,
+        };
+        let Some(bridge) = &self.bridge else {
+            return false;
+        };
+        if print_queued(&mut deliveries, &self.connected, bridge) {
+            // A pipe took no more: the socket's thread waits for it to take more.
+            let _ = (&self.wake).write(&[1]);
+        }
+        true
+    }
+
+    /// Frame `appended` for the watchers told every append.
+    fn tell_streams(&self, appended: &Appended) {
         let mut connected = self
             .connected
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(bridge) = &self.bridge {
-            let stalled = connected.deliveries.iter().filter(|d| d.stalled).count();
-            let mut at = 0;
-            while at < connected.deliveries.len() {
-                match connected.deliveries[at].take(bridge, appended) {
-                    Outcome::Going => at += 1,
-                    outcome => connected.deliveries.swap_remove(at).end(&outcome),
-                }
-            }
-            if connected.deliveries.iter().filter(|d| d.stalled).count() > stalled {
-                // A pipe took no more: the socket's thread waits for it to take more.
-                let _ = (&self.wake).write(&[1]);
-            }
-        }
         if connected.streams.is_empty() {
             return;
         }
@@ -148,23 +231,32 @@ impl Drop for Watchers {
         self.stop.store(true, Ordering::Relaxed);
         let _ = (&self.wake).write(&[1]);
         let _ = std::fs::remove_file(&self.path);
-        // Each watch whose output is here prints again itself, from where this stopped.
-        let mut connected = self
-            .connected
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        for delivery in connected.deliveries.drain(..) {
-            delivery.end(&Outcome::Back("the daemon stops".into()));
+        // The socket's thread prints what is queued, then each watch whose output is here
+        // prints again itself, from where that stopped.
+        if let Some(serving) = self.serving.take() {
+            let _ = serving.join();
+        }
+        // A thread that ended early (it could no longer poll) left them here.
+        let mut deliveries = self.printing.lock().unwrap_or_else(PoisonError::into_inner);
+        while !deliveries.is_empty() {
+            let_go(
+                &mut deliveries,
+                &self.connected,
+                0,
+                &Outcome::Back("the daemon stops".into()),
+            );
         }
     }
 }
 
 /// The socket's thread: it takes new watchers, hears what they say (a request to print
-/// for them, or that they hung up), and waits for full pipes to take more.
+/// for them, or that they hung up), prints for the watches whose output is here, and waits
+/// for full pipes to take more.
 struct Serving {
     listener: UnixListener,
     woken: UnixStream,
     connected: Arc<Mutex<Connected>>,
+    printing: Printing,
     stop: Arc<AtomicBool>,
     bridge: Option<Bridge>,
 }
@@ -174,19 +266,22 @@ impl Serving {
         use rustix::event::{poll, PollFd, PollFlags};
         loop {
             let (conns, pipes) = {
+                let mut deliveries = self.deliveries();
+                if let Some(bridge) = &self.bridge {
+                    print_queued(&mut deliveries, &self.connected, bridge);
+                }
                 let connected = self.lock();
                 let conns: Vec<Arc<UnixStream>> = connected
                     .streams
                     .iter()
                     .cloned()
-                    .chain(connected.deliveries.iter().map(|d| Arc::clone(&d.conn)))
+                    .chain(deliveries.iter().map(|d| Arc::clone(&d.conn)))
                     .collect();
                 // Every output printed to: a full one until it takes more, and any one for
                 // its reader going away (a pipe's POLLERR, a socket's or terminal's POLLHUP,
                 // reported unasked), though nothing more is written to it: left in the set,
                 // either would wake this loop again at once.
-                let pipes: Vec<(Arc<std::fs::File>, bool)> = connected
-                    .deliveries
+                let pipes: Vec<(Arc<std::fs::File>, bool)> = deliveries
                     .iter()
                     .map(|d| (Arc::clone(&d.out), d.stalled))
                     .collect();
@@ -209,10 +304,12 @@ impl Serving {
                 Err(error) => {
                     // Watchers still follow the journal file; only the shortcut is lost.
                     tracing::warn!(%error, "no longer hearing watchers on the socket");
+                    self.stopped();
                     return;
                 }
             }
             if self.stop.load(Ordering::Relaxed) {
+                self.stopped();
                 return;
             }
             let revents: Vec<PollFlags> = fds.iter().map(PollFd::revents).collect();
@@ -247,19 +344,40 @@ impl Serving {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn deliveries(&self) -> std::sync::MutexGuard<'_, Vec<Delivery>> {
+        self.printing.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The daemon stops: what is queued is printed, then each watch whose output is here
+    /// prints again itself, from where this stopped.
+    fn stopped(&self) {
+        let mut deliveries = self.deliveries();
+        if let Some(bridge) = &self.bridge {
+            print_queued(&mut deliveries, &self.connected, bridge);
+        }
+        while !deliveries.is_empty() {
+            let_go(
+                &mut deliveries,
+                &self.connected,
+                0,
+                &Outcome::Back("the daemon stops".into()),
+            );
+        }
+    }
+
     /// A watcher said something, or hung up.
     fn heard(&self, conn: &Arc<UnixStream>) {
-        let mut connected = self.lock();
-        if let Some(at) = connected
-            .deliveries
-            .iter()
-            .position(|d| Arc::ptr_eq(&d.conn, conn))
-        {
+        // Held until a new delivery is among them: what the judge queues meanwhile waits
+        // for it.
+        let mut deliveries = self.deliveries();
+        if let Some(at) = deliveries.iter().position(|d| Arc::ptr_eq(&d.conn, conn)) {
             // A watch says nothing while its output is here: it went away. Its pipe is
             // closed with it, so that the pipe's reader sees the end.
-            drop(connected.deliveries.swap_remove(at));
+            drop(deliveries.swap_remove(at));
+            self.lock().printed_one_fewer();
             return;
         }
+        let mut connected = self.lock();
         let Some(at) = connected.streams.iter().position(|s| Arc::ptr_eq(s, conn)) else {
             return;
         };
@@ -276,42 +394,45 @@ impl Serving {
             connected.streams.push(Arc::clone(conn));
             return;
         };
-        // The view is read from the files with the watchers let be; what the judge
-        // journals meanwhile is read from the journal once they are held again.
+        // From here what the judge appends is queued for it: what it appended before is in
+        // the journal file, which the view and its catch-up read; bytes read both ways are
+        // taken once, by their place in the file.
+        connected.printing += 1;
         drop(connected);
         let started = Delivery::start(bridge, Arc::clone(conn), &request, out, record);
-        let mut connected = self.lock();
         let mut delivery = match started {
             Ok(delivery) => delivery,
             Err(why) => {
                 // It goes on being told; what was journaled meanwhile it reads from the file.
                 refuse(conn, &why);
+                let mut connected = self.lock();
+                connected.printed_one_fewer();
                 connected.streams.push(Arc::clone(conn));
                 return;
             }
         };
         if (&**conn).write_all(DELIVERING.as_bytes()).is_err() {
+            self.lock().printed_one_fewer();
             return;
         }
         match delivery.catch_up(bridge) {
             Outcome::Going => {
                 tracing::info!(agent = %request.agent, "the daemon prints for a watch of the agent");
-                connected.deliveries.push(delivery);
+                deliveries.push(delivery);
             }
-            outcome => delivery.end(&outcome),
+            outcome => {
+                delivery.end(&outcome);
+                self.lock().printed_one_fewer();
+            }
         }
     }
 
     /// A pipe's last reader went away, whether or not anything was written since: the
     /// watch is told, and ends as it would at its next write.
     fn reader_gone(&self, pipe: &Arc<std::fs::File>) {
-        let mut connected = self.lock();
-        if let Some(at) = connected
-            .deliveries
-            .iter()
-            .position(|d| Arc::ptr_eq(&d.out, pipe))
-        {
-            connected.deliveries.swap_remove(at).end(&Outcome::Closed);
+        let mut deliveries = self.deliveries();
+        if let Some(at) = deliveries.iter().position(|d| Arc::ptr_eq(&d.out, pipe)) {
+            let_go(&mut deliveries, &self.connected, at, &Outcome::Closed);
         }
     }
 
@@ -320,19 +441,64 @@ impl Serving {
         let Some(bridge) = &self.bridge else {
             return;
         };
-        let mut connected = self.lock();
-        let Some(at) = connected
-            .deliveries
-            .iter()
-            .position(|d| Arc::ptr_eq(&d.out, pipe))
-        else {
+        let mut deliveries = self.deliveries();
+        let Some(at) = deliveries.iter().position(|d| Arc::ptr_eq(&d.out, pipe)) else {
             return;
         };
-        match connected.deliveries[at].resume(bridge) {
+        match deliveries[at].resume(bridge) {
             Outcome::Going => {}
-            outcome => connected.deliveries.swap_remove(at).end(&outcome),
+            outcome => let_go(&mut deliveries, &self.connected, at, &outcome),
         }
     }
+}
+
+/// Print what the judge queued for `deliveries`: each takes all of it, then prints in one
+/// step (a queue let go: each reads the journal file). True when a pipe newly took no more.
+fn print_queued(
+    deliveries: &mut Vec<Delivery>,
+    connected: &Mutex<Connected>,
+    bridge: &Bridge,
+) -> bool {
+    let (queued, missed) = {
+        let mut connected = connected.lock().unwrap_or_else(PoisonError::into_inner);
+        connected.queued_bytes = 0;
+        (
+            std::mem::take(&mut connected.queued),
+            std::mem::take(&mut connected.missed),
+        )
+    };
+    if queued.is_empty() && !missed {
+        return false;
+    }
+    let stalled = deliveries.iter().filter(|d| d.stalled).count();
+    let mut at = 0;
+    while at < deliveries.len() {
+        let delivery = &mut deliveries[at];
+        let outcome = if missed {
+            delivery.catch_up(bridge)
+        } else {
+            delivery.take(bridge, &queued)
+        };
+        match outcome {
+            Outcome::Going => at += 1,
+            outcome => let_go(deliveries, connected, at, &outcome),
+        }
+    }
+    deliveries.iter().filter(|d| d.stalled).count() > stalled
+}
+
+/// Let go of the `at`th of `deliveries`, telling its watch how this ended.
+fn let_go(
+    deliveries: &mut Vec<Delivery>,
+    connected: &Mutex<Connected>,
+    at: usize,
+    outcome: &Outcome,
+) {
+    deliveries.swap_remove(at).end(outcome);
+    connected
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .printed_one_fewer();
 }
 
 /// What a watcher said.
@@ -699,8 +865,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let watchers = Watchers::listen(dir.path(), None).unwrap();
         let mut told = Told::connect(dir.path()).expect("the daemon greets");
-        watchers.tell(&appended(0, b"{\"a\":1}\n"));
-        watchers.tell(&appended(8, b"{\"b\":2}\n{\"c\":3}\n"));
+        watchers.tell(appended(0, b"{\"a\":1}\n"), false);
+        watchers.tell(appended(8, b"{\"b\":2}\n{\"c\":3}\n"), false);
         let Next::Appended(first) = told.next(None) else {
             panic!("the first append")
         };
@@ -727,7 +893,7 @@ mod tests {
         let big = appended(0, &vec![b'x'; 64 << 10]);
         // Far more than a socket holds: each tell returns at once.
         for _ in 0..64 {
-            watchers.tell(&big);
+            watchers.tell(big.clone(), false);
         }
         assert!(watchers.connected.lock().unwrap().streams.is_empty());
         // What it was told before it was let go is whole; then it is told it is gone.
