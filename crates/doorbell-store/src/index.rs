@@ -1547,6 +1547,36 @@ mod tests {
         }
     }
 
+    /// A row's checksum is the xxh3 of its values' bytes one after another, as indexes
+    /// already on disk were summed: a row short enough for xxh3's one-block path and one
+    /// long enough for its striped path.
+    #[test]
+    fn a_rows_checksum_is_the_xxh3_of_its_values_laid_end_to_end() {
+        for data in ["{}".to_owned(), "x".repeat(5_000)] {
+            let mut bytes = Vec::new();
+            for text in ["01ID", "web", "design"] {
+                bytes.extend_from_slice(&(text.len() as u64).to_le_bytes());
+                bytes.extend_from_slice(text.as_bytes());
+            }
+            for n in [1_i64, 0, -7] {
+                bytes.extend_from_slice(&n.to_le_bytes());
+            }
+            bytes.extend_from_slice(&(data.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(data.as_bytes());
+            let sum = super::RowSum::default()
+                .text("01ID")
+                .text("web")
+                .text("design")
+                .maybe_int(Some(0))
+                .int(-7)
+                .text(&data)
+                .sum();
+            #[allow(clippy::cast_possible_wrap)]
+            let expected = xxhash_rust::xxh3::xxh3_64(&bytes) as i64;
+            assert_eq!(sum, expected, "{} bytes", bytes.len());
+        }
+    }
+
     /// A save writes its rows in key order, but two rows of one id in one save (a line
     /// placed again within a batch) still leave the later one.
     #[test]
