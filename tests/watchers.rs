@@ -716,6 +716,71 @@ fn a_burst_from_many_writers_is_printed_once_each_in_the_inboxs_order() {
     assert_eq!(ids_from(&mut lines, 1), ["01BAFTER"]);
 }
 
+/// The daemon killed again and again while it prints a burst for a watch (on the judge's
+/// thread and on its socket's), with writers going on meanwhile: each time the watch takes
+/// its pipe back and prints the rest itself. Over the rounds (a daemon and a watch each,
+/// the cursor carried from one to the next) its readers get every line once, in the inbox's
+/// order.
+#[test]
+fn a_daemon_killed_again_and_again_while_it_prints_bursts_repeats_and_loses_nothing() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let mut got = Vec::new();
+    for round in 0..5_usize {
+        let mut daemon = Daemon::start(&bridge, &[]);
+        let mut watch = WatchChild::spawn(&bridge, "web");
+        daemon.expect_stderr(DELIVERING, PATIENCE);
+        let lines = BufReader::new(watch.0.stdout.take().unwrap()).lines();
+        let (printed, ids) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+                let id = value["envelope"]["id"].as_str().unwrap().to_owned();
+                if printed.send(id).is_err() {
+                    return;
+                }
+            }
+        });
+        let before = bridge.verdict_count();
+        std::thread::scope(|scope| {
+            for writer in 0..4 {
+                let bridge = &bridge;
+                scope.spawn(move || {
+                    for n in 0..100 {
+                        let id = format!("01K{round}W{writer}N{n:03}");
+                        bridge.append_raw("web", note(&id).as_bytes());
+                    }
+                });
+            }
+            // Killed once it has judged part of the burst, while the writers write on.
+            let part = before + 40 * (round % 4 + 1);
+            bridge.wait_for(PATIENCE, "part of the burst judged", |b| {
+                b.verdict_count() >= part
+            });
+            daemon.kill();
+        });
+        let written = bridge.lines("web").len();
+        while got.len() < written {
+            let id = ids
+                .recv_timeout(PATIENCE)
+                .unwrap_or_else(|_| panic!("round {round}: {} of {written} lines", got.len()));
+            got.push(id);
+        }
+        assert!(ids.recv_timeout(Duration::from_millis(100)).is_err());
+        let _ = watch.0.kill();
+        let _ = watch.0.wait();
+    }
+    let in_inbox: Vec<String> = bridge
+        .lines("web")
+        .iter()
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_slice(line).unwrap();
+            value["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(in_inbox.len(), 2000);
+    assert_eq!(got, in_inbox);
+}
+
 /// A daemon, and a `watch --json` of web whose pipe it prints to.
 fn printing_for_watch(bridge: &Bridge) -> (Daemon, WatchChild) {
     let mut daemon = Daemon::start(bridge, &[]);
