@@ -592,6 +592,18 @@ fn send_batches(bridge: &Bridge, prefix: &str, batches: usize) -> Vec<String> {
     sent
 }
 
+/// The ids of `agent`'s inbox, in its order.
+fn ids_in_inbox(bridge: &Bridge, agent: &str) -> Vec<String> {
+    bridge
+        .lines(agent)
+        .iter()
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_slice(line).unwrap();
+            value["id"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
 /// The ids read from `lines`, `count` of them.
 fn ids_from(
     lines: &mut impl Iterator<Item = std::io::Result<String>>,
@@ -702,14 +714,7 @@ fn a_burst_from_many_writers_is_printed_once_each_in_the_inboxs_order() {
             });
         }
     });
-    let in_inbox: Vec<String> = bridge
-        .lines("web")
-        .iter()
-        .map(|line| {
-            let value: serde_json::Value = serde_json::from_slice(line).unwrap();
-            value["id"].as_str().unwrap().to_owned()
-        })
-        .collect();
+    let in_inbox = ids_in_inbox(&bridge, "web");
     assert_eq!(in_inbox.len(), 1600);
     assert_eq!(ids_from(&mut lines, in_inbox.len()), in_inbox);
     bridge.append_raw("web", note("01BAFTER").as_bytes());
@@ -769,14 +774,7 @@ fn a_daemon_killed_again_and_again_while_it_prints_bursts_repeats_and_loses_noth
         let _ = watch.0.kill();
         let _ = watch.0.wait();
     }
-    let in_inbox: Vec<String> = bridge
-        .lines("web")
-        .iter()
-        .map(|line| {
-            let value: serde_json::Value = serde_json::from_slice(line).unwrap();
-            value["id"].as_str().unwrap().to_owned()
-        })
-        .collect();
+    let in_inbox = ids_in_inbox(&bridge, "web");
     assert_eq!(in_inbox.len(), 2000);
     assert_eq!(got, in_inbox);
 }
