@@ -157,7 +157,8 @@ impl Watchers {
 
     /// Hand `appended` to every watcher; one that cannot take it now is let go. Watchers
     /// whose output is here get their lines printed on this thread when `more` is false (the
-    /// judge has judged all there was) and nobody prints now, else on the socket's thread.
+    /// judge has judged all there was), the last tell was [`BURST_GAP`] ago or more, and
+    /// nobody prints now; else on the socket's thread.
     pub fn tell(&self, appended: Appended, more: bool) {
         let appended = Arc::new(appended);
         let (queued, burst) = {
