@@ -383,10 +383,14 @@ impl Delivery {
         })
     }
 
-    /// Read what the judge journaled since the view was read, and print it.
+    /// Read what the judge journaled since the view was read, and print it (unless the pipe
+    /// is full: then it waits, as [`Delivery::take`]'s does, for the pipe to take more).
     pub fn catch_up(&mut self, bridge: &Bridge) -> Outcome {
         if let Err(e) = self.updates.follow(&mut self.journal) {
             return Outcome::Back(e.to_string());
+        }
+        if self.stalled {
+            return Outcome::Going;
         }
         self.step(bridge)
     }

@@ -10,10 +10,11 @@
 //! watcher: a watcher whose socket is full is let go.
 //!
 //! A watch whose output the daemon prints to ([`crate::deliver`]) is printed to by whoever
-//! holds the printing: the judge, once it has judged all there was, when nobody else prints
-//! (a message's way stays on the thread it woke); the socket's thread while the judge has
-//! more lines to judge, or is told while a print is under way. What the judge appends is
-//! queued first, so every watch takes it in the order it was appended, whoever prints it.
+//! holds the printing: the judge, once it has judged all there was, when its last tell was
+//! [`BURST_GAP`] ago or more and nobody else prints (a message's way stays on the thread it
+//! woke); the socket's thread while the judge has more lines to judge, tells again within
+//! the gap (a burst), or finds a print under way. What the judge appends is queued first,
+//! so every watch takes it in the order it was appended, whoever prints it.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -180,7 +181,7 @@ impl Watchers {
     }
 
     /// Print what is queued on this thread, when nobody prints now. False when somebody
-    /// does: what is queued is theirs to print.
+    /// does (what is queued is theirs to print), or this daemon prints for no watch.
     fn print_here(&self) -> bool {
         let mut deliveries = match self.printing.try_lock() {
             Ok(deliveries) => deliveries,
@@ -237,7 +238,7 @@ impl Drop for Watchers {
         if let Some(serving) = self.serving.take() {
             let _ = serving.join();
         }
-        // A thread that ended early (it could no longer poll) left them here.
+        // A thread that ended without its stop (a panic) left them here.
         let mut deliveries = self.printing.lock().unwrap_or_else(PoisonError::into_inner);
         while !deliveries.is_empty() {
             let_go(
@@ -309,21 +310,23 @@ impl Serving {
                     return;
                 }
             }
+            let revents: Vec<PollFlags> = fds.iter().map(PollFd::revents).collect();
+            let events: Vec<bool> = revents.iter().map(|r| !r.is_empty()).collect();
+            drop(fds);
+            if events[1] {
+                let mut drained = [0; 64];
+                while matches!((&self.woken).read(&mut drained), Ok(n) if n > 0) {}
+            }
+            // After the wake-ups are read: the stop is set before its wake-up is written, so
+            // one read here is seen here, and one written after wakes the next poll.
             if self.stop.load(Ordering::Relaxed) {
                 self.stopped();
                 return;
             }
-            let revents: Vec<PollFlags> = fds.iter().map(PollFd::revents).collect();
-            let events: Vec<bool> = revents.iter().map(|r| !r.is_empty()).collect();
-            drop(fds);
             if events[0] {
                 while let Ok((stream, _)) = self.listener.accept() {
                     welcome(&self.connected, stream);
                 }
-            }
-            if events[1] {
-                let mut drained = [0; 64];
-                while matches!((&self.woken).read(&mut drained), Ok(n) if n > 0) {}
             }
             for (conn, _) in conns.iter().zip(&events[2..]).filter(|(_, e)| **e) {
                 self.heard(conn);
@@ -368,15 +371,15 @@ impl Serving {
 
     /// A watcher said something, or hung up.
     fn heard(&self, conn: &Arc<UnixStream>) {
-        // Held until a new delivery is among them: what the judge queues meanwhile waits
-        // for it.
-        let mut deliveries = self.deliveries();
-        if let Some(at) = deliveries.iter().position(|d| Arc::ptr_eq(&d.conn, conn)) {
-            // A watch says nothing while its output is here: it went away. Its pipe is
-            // closed with it, so that the pipe's reader sees the end.
-            drop(deliveries.swap_remove(at));
-            self.lock().printed_one_fewer();
-            return;
+        {
+            let mut deliveries = self.deliveries();
+            if let Some(at) = deliveries.iter().position(|d| Arc::ptr_eq(&d.conn, conn)) {
+                // A watch says nothing while its output is here: it went away. Its pipe is
+                // closed with it, so that the pipe's reader sees the end.
+                drop(deliveries.swap_remove(at));
+                self.lock().printed_one_fewer();
+                return;
+            }
         }
         let mut connected = self.lock();
         let Some(at) = connected.streams.iter().position(|s| Arc::ptr_eq(s, conn)) else {
@@ -395,9 +398,10 @@ impl Serving {
             connected.streams.push(Arc::clone(conn));
             return;
         };
-        // From here what the judge appends is queued for it: what it appended before is in
-        // the journal file, which the view and its catch-up read; bytes read both ways are
-        // taken once, by their place in the file.
+        // From here what the judge appends is queued for it. What it appended before, and
+        // what others print from the queue before this delivery is among them, is in the
+        // journal file, which the view and its catch-up read; bytes read both ways are taken
+        // once, by their place in the file.
         connected.printing += 1;
         drop(connected);
         let started = Delivery::start(bridge, Arc::clone(conn), &request, out, record);
@@ -416,6 +420,8 @@ impl Serving {
             self.lock().printed_one_fewer();
             return;
         }
+        // Held from the catch-up until it is among them: what is queued meanwhile waits.
+        let mut deliveries = self.deliveries();
         match delivery.catch_up(bridge) {
             Outcome::Going => {
                 tracing::info!(agent = %request.agent, "the daemon prints for a watch of the agent");
@@ -454,7 +460,8 @@ impl Serving {
 }
 
 /// Print what the judge queued for `deliveries`: each takes all of it, then prints in one
-/// step (a queue let go: each reads the journal file). True when a pipe newly took no more.
+/// step (a queue let go: each reads the journal file). True when a pipe takes no more: the
+/// socket's thread is to wait for it (it may be waiting already).
 fn print_queued(
     deliveries: &mut Vec<Delivery>,
     connected: &Mutex<Connected>,
@@ -471,7 +478,6 @@ fn print_queued(
     if queued.is_empty() && !missed {
         return false;
     }
-    let stalled = deliveries.iter().filter(|d| d.stalled).count();
     let mut at = 0;
     while at < deliveries.len() {
         let delivery = &mut deliveries[at];
@@ -485,7 +491,7 @@ fn print_queued(
             outcome => let_go(deliveries, connected, at, &outcome),
         }
     }
-    deliveries.iter().filter(|d| d.stalled).count() > stalled
+    deliveries.iter().any(|d| d.stalled)
 }
 
 /// Let go of the `at`th of `deliveries`, telling its watch how this ended.
