@@ -240,14 +240,7 @@ impl Drop for Watchers {
         }
         // A thread that ended without its stop (a panic) left them here.
         let mut deliveries = self.printing.lock().unwrap_or_else(PoisonError::into_inner);
-        while !deliveries.is_empty() {
-            let_go(
-                &mut deliveries,
-                &self.connected,
-                0,
-                &Outcome::Back("the daemon stops".into()),
-            );
-        }
+        hand_back_all(&mut deliveries, &self.connected);
     }
 }
 
@@ -359,14 +352,7 @@ impl Serving {
         if let Some(bridge) = &self.bridge {
             print_queued(&mut deliveries, &self.connected, bridge);
         }
-        while !deliveries.is_empty() {
-            let_go(
-                &mut deliveries,
-                &self.connected,
-                0,
-                &Outcome::Back("the daemon stops".into()),
-            );
-        }
+        hand_back_all(&mut deliveries, &self.connected);
     }
 
     /// A watcher said something, or hung up.
@@ -506,6 +492,18 @@ fn let_go(
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .printed_one_fewer();
+}
+
+/// The daemon stops: each watch whose output is in `deliveries` prints again itself.
+fn hand_back_all(deliveries: &mut Vec<Delivery>, connected: &Mutex<Connected>) {
+    while !deliveries.is_empty() {
+        let_go(
+            deliveries,
+            connected,
+            0,
+            &Outcome::Back("the daemon stops".into()),
+        );
+    }
 }
 
 /// What a watcher said.
