@@ -1016,3 +1016,35 @@ fn a_watch_whose_reader_went_away_ends_though_the_daemon_printed() {
     let status = exited.recv_timeout(PATIENCE).expect("the watch ends");
     assert!(status.success(), "{status:?}");
 }
+
+/// What the daemon prints for a watch as it was judged is what the inbox holds at the
+/// offset it names, line for line: accepted lines amid refused ones, blank lines, a run of
+/// bad lines and a duplicate, each write judged and printed before the next.
+#[test]
+fn a_line_printed_as_judged_is_the_inboxs_own_at_its_offset() {
+    let bridge = Bridge::with_agents(&["web", "design", "human"]);
+    let (_daemon, mut watch) = printing_for_watch(&bridge);
+    let mut lines = BufReader::new(watch.0.stdout.take().unwrap()).lines();
+    for i in 0..24 {
+        let id = format!("01JUDGED{i:03}");
+        let write = match i % 4 {
+            0 => note(&id),
+            1 => format!("\n{}not json\n{{\n", note(&id)),
+            2 => format!("{}{}", note(&format!("01JUDGED{:03}", i - 2)), note(&id)),
+            _ => format!("   \n{}\n", note(&id)),
+        };
+        bridge.append_raw("web", write.as_bytes());
+        let printed: serde_json::Value =
+            serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        assert_eq!(printed["envelope"]["id"], id.as_str(), "write {i}");
+        let offset = usize::try_from(printed["offset"].as_u64().unwrap()).unwrap();
+        let inbox = std::fs::read(bridge.inbox("web")).unwrap();
+        let at = &inbox[offset..];
+        let end = at.iter().position(|b| *b == b'\n').unwrap();
+        let own: serde_json::Value = serde_json::from_slice(&at[..end]).unwrap();
+        assert_eq!(printed["envelope"], own, "write {i}");
+    }
+    // Nothing else was printed between: not the duplicates, not the refused lines.
+    bridge.append_raw("web", note("01JUDGEDLAST").as_bytes());
+    assert_eq!(ids_from(&mut lines, 1), ["01JUDGEDLAST"]);
+}

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor::{Keeper, Position, Taken};
-use doorbell_store::journal::Appended;
+use doorbell_store::journal::{Appended, JudgedLine};
 use doorbell_store::view::{is_json_object, push_json_line, InboxView, Updates, View};
 use doorbell_store::Bridge;
 
@@ -392,11 +392,12 @@ impl Delivery {
         if self.stalled {
             return Outcome::Going;
         }
-        self.step(bridge)
+        self.step(bridge, &[])
     }
 
     /// What the judge just journaled, in the order it was: print what it accepted for this
-    /// agent, in one step.
+    /// agent, in one step. The lines it judged come with it: those are printed as they were
+    /// judged, without reading the inbox again, when they are every line to print.
     pub fn take(&mut self, bridge: &Bridge, appended: &[Arc<Appended>]) -> Outcome {
         for appended in appended {
             if let Err(e) = self.updates.take(appended, &mut self.journal) {
@@ -406,7 +407,7 @@ impl Delivery {
         if self.stalled {
             return Outcome::Going;
         }
-        self.step(bridge)
+        self.step(bridge, appended)
     }
 
     /// The pipe takes more: write what waited, then what came meanwhile.
@@ -431,12 +432,12 @@ impl Delivery {
                 return Outcome::Back(e);
             }
         }
-        self.step(bridge)
+        self.step(bridge, &[])
     }
 
     /// Print the accepted lines past `printed_to`, then move the cursor, in the agent's
-    /// reading, as `watch` does.
-    fn step(&mut self, bridge: &Bridge) -> Outcome {
+    /// reading, as `watch` does. `judged`: what the judge just told, with the lines it read.
+    fn step(&mut self, bridge: &Bridge, judged: &[Arc<Appended>]) -> Outcome {
         if (self.journal.journal.dev, self.journal.journal.ino) != self.identity
             || self.journal.journal.gen != self.gen
         {
@@ -447,47 +448,47 @@ impl Delivery {
             Ok(None) => return Outcome::Back("another reader is in its turn".into()),
             Err(e) => return Outcome::Back(e.to_string()),
         };
-        match self.print(bridge, turn) {
+        match self.print(bridge, turn, judged) {
             Ok(outcome) => outcome,
             Err(e) => Outcome::Back(e),
         }
     }
 
-    fn print(&mut self, bridge: &Bridge, turn: Taken) -> Result<Outcome, String> {
+    fn print(
+        &mut self,
+        bridge: &Bridge,
+        turn: Taken,
+        judged: &[Arc<Appended>],
+    ) -> Result<Outcome, String> {
         let position = self
             .keeper
             .load(&self.inbox, self.identity, self.gen)
             .map_err(|e| e.to_string())?;
-        let meta = self.inbox.metadata().map_err(|e| e.to_string())?;
-        if !self.journal.describes(&self.inbox, &meta) {
-            return Ok(Outcome::Back(
-                "the inbox changed in place since the judge read it".into(),
-            ));
-        }
         if let Position::At(at) = position {
             self.printed_to = self.printed_to.max(at);
         }
         let mut lines = std::mem::take(&mut self.lines);
         lines.clear();
-        let agent = &self.agent;
-        // The lines were judged a moment ago, as they read now unless the inbox changed in
-        // place (which `describes` sees for all but an edit inside the file): they go out
-        // without being judged again, only checked to be one JSON object still (a scan that
-        // builds nothing), so that what is printed is JSON. One that is not is left to the
-        // watch, which passes over it with a warning, as it does every damaged line.
-        let upto = self
-            .journal
-            .accepted_lines(&self.inbox, self.printed_to, |offset, bytes| {
-                if !is_json_object(bytes) {
-                    return Err(std::io::Error::other(format!(
-                        "the line at {offset} changed since it was judged"
-                    )));
-                }
-                push_json_line(&mut lines, agent, offset, bytes).map_err(std::io::Error::other)
-            })
-            .map_err(|e| e.to_string());
+        let judged_to = self.journal.journal.judged_to;
+        let upto = match judged_between(judged, &self.agent, self.gen, self.printed_to, judged_to) {
+            // The very bytes judged a moment ago: no look at the inbox.
+            Some(judged) => judged
+                .into_iter()
+                .try_for_each(|(offset, bytes)| {
+                    push_json_line(&mut lines, &self.agent, offset, bytes)
+                })
+                .map(|()| Some(judged_to))
+                .map_err(|e| e.to_string()),
+            None => self.read_accepted(&mut lines),
+        };
         let upto = match upto {
-            Ok(upto) => upto,
+            Ok(Some(upto)) => upto,
+            Ok(None) => {
+                self.lines = lines;
+                return Ok(Outcome::Back(
+                    "the inbox changed in place since the judge read it".into(),
+                ));
+            }
             Err(e) => {
                 self.lines = lines;
                 return Err(e);
@@ -521,6 +522,33 @@ impl Delivery {
         })
     }
 
+    /// The accepted lines past `printed_to`, read from the inbox into `lines` as `--json`
+    /// lines: how far they take the printing, or `None` when the inbox changed in place
+    /// since the judge read it.
+    fn read_accepted(&mut self, lines: &mut Vec<u8>) -> Result<Option<u64>, String> {
+        let meta = self.inbox.metadata().map_err(|e| e.to_string())?;
+        if !self.journal.describes(&self.inbox, &meta) {
+            return Ok(None);
+        }
+        let agent = &self.agent;
+        // The lines were judged a moment ago, as they read now unless the inbox changed in
+        // place (which `describes` sees for all but an edit inside the file): they go out
+        // without being judged again, only checked to be one JSON object still (a scan that
+        // builds nothing), so that what is printed is JSON. One that is not is left to the
+        // watch, which passes over it with a warning, as it does every damaged line.
+        self.journal
+            .accepted_lines(&self.inbox, self.printed_to, |offset, bytes| {
+                if !is_json_object(bytes) {
+                    return Err(std::io::Error::other(format!(
+                        "the line at {offset} changed since it was judged"
+                    )));
+                }
+                push_json_line(lines, agent, offset, bytes).map_err(std::io::Error::other)
+            })
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+
     /// Move the cursor to `upto` once the lines before it are out.
     fn advance(&mut self, bridge: &Bridge, upto: u64) -> Result<(), String> {
         if upto > self.printed_to {
@@ -551,9 +579,133 @@ impl Delivery {
     }
 }
 
+/// The accepted lines of `agent`'s inbox (generation `gen`) between the offsets `from` and
+/// `to`, as the judge read them, when `judged` names a verdict for every line between them,
+/// one after the other: each line to print is then one of them. `None` when any line between
+/// is not named (judged earlier, or its copy left out), or its bytes are not there.
+fn judged_between<'a>(
+    judged: &'a [Arc<Appended>],
+    agent: &str,
+    gen: u32,
+    from: u64,
+    to: u64,
+) -> Option<Vec<(u64, &'a [u8])>> {
+    let mut lines: Vec<&JudgedLine> = judged
+        .iter()
+        .flat_map(|appended| &appended.lines)
+        .filter(|line| line.inbox == agent && line.gen == gen && line.offset < to)
+        .filter(|line| line.offset.saturating_add(line.span) > from)
+        .collect();
+    // Held lines are judged after those written after them.
+    lines.sort_by_key(|line| line.offset);
+    let mut at = from;
+    let mut accepted = Vec::new();
+    for line in lines {
+        if line.offset != at || line.span == 0 {
+            return None;
+        }
+        if line.accepted {
+            let bytes = line.bytes.as_deref()?;
+            if bytes.len() as u64 + 1 != line.span {
+                return None;
+            }
+            accepted.push((line.offset, bytes));
+        }
+        at += line.span;
+    }
+    (at == to).then_some(accepted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn judged(inbox: &str, gen: u32, offset: u64, line: &str, accepted: bool) -> JudgedLine {
+        JudgedLine {
+            inbox: inbox.into(),
+            gen,
+            offset,
+            span: line.len() as u64 + 1,
+            accepted,
+            bytes: accepted.then(|| line.as_bytes().to_vec()),
+        }
+    }
+
+    fn telling(lines: Vec<JudgedLine>) -> Arc<Appended> {
+        Arc::new(Appended {
+            lines,
+            ..Appended::default()
+        })
+    }
+
+    /// A line is printed as judged only when every line from where the printing stands to
+    /// where judging stands was judged in what was just told, one after the other; else the
+    /// inbox is read.
+    #[test]
+    fn lines_are_printed_as_judged_only_when_what_was_told_covers_every_line_between() {
+        let a = r#"{"id":"a"}"#; // 10 bytes and a break: 0..11
+        let b = "not json"; // 11..20
+        let c = r#"{"id":"c"}"#; // 20..31
+        let told = [
+            telling(vec![
+                judged("web", 1, 0, a, true),
+                judged("design", 1, 11, b, false),
+            ]),
+            // A held line judged after the line written after it.
+            telling(vec![
+                judged("web", 1, 20, c, true),
+                judged("web", 1, 11, b, false),
+            ]),
+        ];
+        let between = |from, to| judged_between(&told, "web", 1, from, to);
+        let all = vec![(0, a.as_bytes()), (20, c.as_bytes())];
+        assert_eq!(between(0, 31), Some(all));
+        // From where another reader moved the cursor; up to where judging stands.
+        assert_eq!(between(11, 31), Some(vec![(20, c.as_bytes())]));
+        assert_eq!(between(0, 11), Some(vec![(0, a.as_bytes())]));
+        assert_eq!(between(31, 31), Some(vec![]));
+        // Not at a line's start, or past what was told: the inbox is read.
+        assert_eq!(between(5, 31), None);
+        assert_eq!(between(0, 25), None);
+        assert_eq!(between(0, 40), None);
+        assert_eq!(between(31, 11), None);
+        // Another generation, or another inbox, was told nothing of.
+        assert_eq!(judged_between(&told, "web", 2, 0, 31), None);
+        assert_eq!(judged_between(&told, "design", 1, 0, 20), None);
+        // A line between missing (its copy left out): the inbox is read.
+        let gap = [telling(vec![
+            judged("web", 1, 0, a, true),
+            judged("web", 1, 20, c, true),
+        ])];
+        assert_eq!(judged_between(&gap, "web", 1, 0, 31), None);
+        assert_eq!(
+            judged_between(&gap, "web", 1, 20, 31),
+            Some(vec![(20, c.as_bytes())])
+        );
+        // An accepted line without its bytes, or with bytes its span does not cover.
+        let bare = JudgedLine {
+            bytes: None,
+            ..judged("web", 1, 0, a, true)
+        };
+        let short = JudgedLine {
+            span: 5,
+            ..judged("web", 1, 0, a, true)
+        };
+        assert_eq!(
+            judged_between(&[telling(vec![bare])], "web", 1, 0, 11),
+            None
+        );
+        assert_eq!(
+            judged_between(&[telling(vec![short])], "web", 1, 0, 11),
+            None
+        );
+        // A line told twice is no run of lines.
+        let twice = [
+            telling(vec![judged("web", 1, 0, a, true)]),
+            telling(vec![judged("web", 1, 0, a, true)]),
+        ];
+        assert_eq!(judged_between(&twice, "web", 1, 0, 11), None);
+    }
 
     #[test]
     fn a_record_says_exactly_what_reached_the_pipe_and_only_a_memory_file_is_one() {

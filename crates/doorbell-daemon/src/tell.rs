@@ -716,7 +716,7 @@ impl Told {
                 dev,
                 ino,
                 from,
-                bytes: Vec::new(),
+                ..Appended::default()
             };
             (Piece::Appended(appended), len)
         } else if header == BACK {
@@ -862,6 +862,7 @@ mod tests {
             ino: 9,
             from,
             bytes: bytes.to_vec(),
+            lines: Vec::new(),
         }
     }
 

@@ -1040,6 +1040,10 @@ pub struct JournalWriter {
     /// Bytes were appended that no copy holds (let go for its size, or with a writer that
     /// was given up): the next copy says so, empty, so that who follows reads the file.
     copy_lost: bool,
+    /// The copy holds the last record appended: a line it judges may join it.
+    last_copied: bool,
+    /// The bytes of the lines the copy holds.
+    copied_line_bytes: usize,
 }
 
 /// Bytes appended to the journal file `dev`/`ino` from `from` on: whole records. The daemon
@@ -1050,6 +1054,23 @@ pub struct Appended {
     pub ino: u64,
     pub from: u64,
     pub bytes: Vec<u8>,
+    /// The lines these records judge, as the judge read them, in the order it judged them
+    /// (some of them, or none: what a copy leaves out, a watcher reads from the inbox).
+    pub lines: Vec<JudgedLine>,
+}
+
+/// A line of an inbox and its verdict's span, with its bytes when it was accepted: what the
+/// judge read and judged, for printing it without reading the inbox again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JudgedLine {
+    pub inbox: String,
+    pub gen: u32,
+    pub offset: u64,
+    /// The bytes the verdict covers, the line break included.
+    pub span: u64,
+    pub accepted: bool,
+    /// The line without its break, as judged: kept for an accepted line.
+    pub bytes: Option<Vec<u8>>,
 }
 
 impl Appended {
@@ -1095,6 +1116,8 @@ impl JournalWriter {
             identity: (meta.dev(), meta.ino()),
             copy: None,
             copy_lost: false,
+            last_copied: false,
+            copied_line_bytes: 0,
         })
     }
 
@@ -1104,7 +1127,7 @@ impl JournalWriter {
             dev: self.identity.0,
             ino: self.identity.1,
             from: self.len,
-            bytes: Vec::new(),
+            ..Appended::default()
         });
     }
 
@@ -1140,8 +1163,10 @@ impl JournalWriter {
             dev: copy.dev,
             ino: copy.ino,
             from: self.len,
-            bytes: Vec::new(),
+            ..Appended::default()
         };
+        self.last_copied = false;
+        self.copied_line_bytes = 0;
         Ok(Some(std::mem::replace(copy, next)))
     }
 
@@ -1186,20 +1211,58 @@ impl JournalWriter {
         match written {
             Ok(()) => {
                 self.len += len;
+                self.last_copied = false;
                 if let Some(copy) = &mut self.copy {
                     if copy.bytes.len() + self.scratch.len() > COPY_BYTES {
                         // Too much for a copy: who follows reads the file.
                         copy.bytes = Vec::new();
+                        copy.lines = Vec::new();
                         copy.from = self.len;
                         self.copy_lost = true;
+                        self.copied_line_bytes = 0;
                     } else {
                         copy.bytes.extend_from_slice(&self.scratch);
+                        self.last_copied = true;
                     }
                 }
                 Ok(())
             }
             Err(e) => Err(self.fail(e, "write journal")),
         }
+    }
+
+    /// The line the record just appended judged: `span` bytes of `inbox` (generation `gen`)
+    /// from `offset`, whether it was accepted, and the line itself (kept when it was). Kept
+    /// with the copy that holds the record, up to a copy's size in lines; nothing when no
+    /// copy holds it.
+    pub fn copy_line(
+        &mut self,
+        inbox: &str,
+        gen: u32,
+        offset: u64,
+        span: u64,
+        accepted: bool,
+        line: Option<&[u8]>,
+    ) {
+        let Some(copy) = self.copy.as_mut().filter(|_| self.last_copied) else {
+            return;
+        };
+        let line = line.filter(|_| accepted);
+        let bytes = line.map_or(0, <[u8]>::len);
+        self.copied_line_bytes = self.copied_line_bytes.saturating_add(bytes);
+        if self.copied_line_bytes > COPY_BYTES {
+            // This line and the rest of this copy's are read from the inbox.
+            self.copied_line_bytes = usize::MAX;
+            return;
+        }
+        copy.lines.push(JudgedLine {
+            inbox: inbox.to_owned(),
+            gen,
+            offset,
+            span,
+            accepted,
+            bytes: line.map(<[u8]>::to_vec),
+        });
     }
 
     /// Whether the file at the journal's path is still the one this writer appends to, as
@@ -1428,6 +1491,57 @@ mod tests {
         next.lose_copy();
         let told = next.take_copy().unwrap().expect("the loss is said");
         assert!(told.bytes.is_empty());
+    }
+
+    /// The lines a copy carries are those its records judge, each once, with the bytes of
+    /// the accepted ones; a copy let go for its size carries none of the lines it let go.
+    #[test]
+    fn a_copy_carries_the_lines_its_records_judge_and_only_those() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(JOURNAL_FILE);
+        let mut writer = JournalWriter::open(&path, 0).unwrap();
+        let record = |offset, word| Record::new("web", 2, offset, word, 1);
+        // No copy kept: no line either.
+        writer.append(&record(0, Word::Accepted)).unwrap();
+        writer.copy_line("web", 2, 0, 11, true, Some(b"0123456789"));
+        writer.keep_copy();
+        writer.append(&record(11, Word::Refused)).unwrap();
+        writer.copy_line("web", 2, 11, 4, false, Some(b"bad"));
+        writer.append(&record(15, Word::Accepted)).unwrap();
+        writer.copy_line("web", 2, 15, 3, true, Some(b"ok"));
+        let told = writer.take_copy().unwrap().unwrap();
+        let lines: Vec<_> = told
+            .lines
+            .iter()
+            .map(|l| (l.offset, l.span, l.accepted, l.bytes.clone()))
+            .collect();
+        assert_eq!(
+            lines,
+            [(11, 4, false, None), (15, 3, true, Some(b"ok".to_vec()))]
+        );
+        // A line is said with the record it follows, never with the next copy's.
+        writer.copy_line("web", 2, 15, 3, true, Some(b"ok"));
+        writer.append(&record(18, Word::Accepted)).unwrap();
+        let told = writer.take_copy().unwrap().unwrap();
+        assert!(told.lines.is_empty());
+        // Let go for its size: the lines of what was let go go with it, and the next
+        // record's line starts the copy again.
+        let mut offset = 20;
+        while !writer.copy_lost {
+            assert!(offset < 1 << 20, "a copy of a megabyte was never let go");
+            let mut long = record(offset, Word::Refused);
+            long.detail = Some("x".repeat(1000));
+            writer.append(&long).unwrap();
+            writer.copy_line("web", 2, offset, 1001, false, None);
+            offset += 1001;
+        }
+        let lost = writer.take_copy().unwrap().unwrap();
+        assert!(lost.bytes.is_empty() && lost.lines.is_empty());
+        writer.append(&record(offset, Word::Accepted)).unwrap();
+        writer.copy_line("web", 2, offset, 3, true, Some(b"ok"));
+        let told = writer.take_copy().unwrap().unwrap();
+        assert_eq!(told.lines.len(), 1);
+        assert_eq!(told.lines[0].offset, offset);
     }
 
     #[test]

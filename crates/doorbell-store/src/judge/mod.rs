@@ -81,6 +81,24 @@ pub struct CatchUp {
 }
 
 impl CatchUp {
+    /// `line` was accepted in `inbox`.
+    pub fn arrived(&mut self, inbox: &str, line: &doorbell_core::Accepted) {
+        let entry = match self.arrivals.get_mut(inbox) {
+            Some(entry) => entry,
+            None => self.arrivals.entry(inbox.to_owned()).or_insert(Arrival {
+                count: 0,
+                last_id: String::new(),
+                last_from: String::new(),
+                last_kind: line.kind,
+            }),
+        };
+        entry.count += 1;
+        // Reuses the strings' buffers: one arrival per line adds up in a catch-up.
+        entry.last_id.clone_from(&line.id);
+        entry.last_from.clone_from(&line.from);
+        entry.last_kind = line.kind;
+    }
+
     #[must_use]
     pub fn judged(&self) -> u64 {
         self.accepted + self.duplicate + self.refused

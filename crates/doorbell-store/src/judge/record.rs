@@ -221,6 +221,7 @@ impl Judge {
         gen: u32,
         offset: u64,
         span: u64,
+        bytes: Option<&[u8]>,
         verdict: &Verdict,
         identity: Option<(Option<String>, Option<String>)>,
         accepted: Option<Accepted>,
@@ -270,6 +271,10 @@ impl Judge {
             return Err(error);
         }
         self.journal.append(&record)?;
+        // Who prints for a watch prints an accepted line as it was judged, without reading
+        // the inbox again.
+        self.journal
+            .copy_line(name, gen, offset, span, word == Word::Accepted, bytes);
         self.refused_log.log(&record);
         self.snapshot.apply(record);
         // A long catch-up saves as it goes: memory holds a batch or two, never the whole

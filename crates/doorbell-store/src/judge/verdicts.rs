@@ -10,7 +10,7 @@ use doorbell_core::{
     is_agent_name, judge_parsed, judge_stateless, Envelope, Kind, Limits, RefusalReason, Verdict,
 };
 
-use super::{Arrival, CatchUp, Judge};
+use super::{CatchUp, Judge};
 use crate::append::open_inbox;
 use crate::halves::Parsed;
 use crate::journal::{Record, RingRef, Word};
@@ -454,24 +454,20 @@ impl Judge {
         };
         let span = bytes.len() as u64 + 1;
         if let Some(line) = &accepted {
-            let entry = match stats.arrivals.get_mut(name) {
-                Some(entry) => entry,
-                None => stats.arrivals.entry(name.to_owned()).or_insert(Arrival {
-                    count: 0,
-                    last_id: String::new(),
-                    last_from: String::new(),
-                    last_kind: line.kind,
-                }),
-            };
-            entry.count += 1;
-            // Reuses the strings' buffers: one arrival per line adds up in a catch-up.
-            entry.last_id.clone_from(&line.id);
-            entry.last_from.clone_from(&line.from);
-            entry.last_kind = line.kind;
+            stats.arrived(name, line);
         }
         let verdict = self.shown_again(name, gen, verdict, envelope.as_ref());
         self.record(
-            name, gen, offset, span, &verdict, identity, accepted, now, stats,
+            name,
+            gen,
+            offset,
+            span,
+            Some(bytes),
+            &verdict,
+            identity,
+            accepted,
+            now,
+            stats,
         )?;
         let Some(held) = held else {
             return Ok(());
