@@ -215,7 +215,14 @@ impl Following<'_> {
                         Printed::ClosedPipe => return Ok(Followed::Ended(OK)),
                         Printed::Upto(to, count, _) => {
                             if to > printed_to {
-                                keeper.advance(bridge, &inbox, (inbox_identity, gen), to, via)?;
+                                keeper.advance(
+                                    bridge,
+                                    &inbox,
+                                    (inbox_identity, gen),
+                                    to,
+                                    via,
+                                    None,
+                                )?;
                                 printed_to = to;
                             }
                             if count > 0 && matches!(until, Until::FirstMessages(_)) {
@@ -344,7 +351,7 @@ impl Following<'_> {
             cursor::Position::Replaced { .. } => false,
         };
         if behind {
-            keeper.advance(self.bridge, inbox, file, printed.upto, self.via)?;
+            keeper.advance(self.bridge, inbox, file, printed.upto, self.via, None)?;
         }
         Ok(Followed::Again)
     }

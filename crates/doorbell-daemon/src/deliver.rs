@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use doorbell_store::append::open_inbox;
 use doorbell_store::cursor::{Keeper, Position, Taken};
+use doorbell_store::hash::Marker;
 use doorbell_store::journal::{Appended, JudgedLine};
 use doorbell_store::view::{is_json_object, push_json_line, InboxView, Updates, View};
 use doorbell_store::Bridge;
@@ -285,6 +286,8 @@ impl std::os::fd::AsFd for Record {
 #[derive(Debug)]
 struct Pending {
     upto: u64,
+    /// The judge's marker of `upto`, when the lines were printed as judged.
+    expect: Option<Marker>,
     _turn: Taken,
 }
 
@@ -428,7 +431,7 @@ impl Delivery {
                 }
             }
             // The reading held since the lines were begun is let go here.
-            if let Err(e) = self.advance(bridge, pending.upto) {
+            if let Err(e) = self.advance(bridge, pending.upto, pending.expect.as_ref()) {
                 return Outcome::Back(e);
             }
         }
@@ -469,8 +472,21 @@ impl Delivery {
         }
         let mut lines = std::mem::take(&mut self.lines);
         lines.clear();
+        // Printed as judged, the lines are read past only where the judge's marker of their
+        // end still describes the inbox (checked as the cursor moves, with the bytes it
+        // reads anyway): an inbox changed in place meanwhile keeps the cursor where it was.
         let judged_to = self.journal.journal.judged_to;
-        let upto = match judged_between(judged, &self.agent, self.gen, self.printed_to, judged_to) {
+        let expect = self
+            .journal
+            .journal
+            .mark
+            .filter(|(at, _)| *at == judged_to)
+            .map(|(_, marker)| marker);
+        let judged = expect.and_then(|_| {
+            judged_between(judged, &self.agent, self.gen, self.printed_to, judged_to)
+        });
+        let expect = judged.as_ref().and(expect);
+        let upto = match judged {
             // The very bytes judged a moment ago: no look at the inbox.
             Some(judged) => judged
                 .into_iter()
@@ -504,19 +520,27 @@ impl Delivery {
         Ok(match self.record.send(&self.out) {
             Sent::All => {
                 // Moved in the reading, then let go: no other reader shows these lines.
-                let moved = self.advance(bridge, upto);
+                let moved = self.advance(bridge, upto, expect.as_ref());
                 drop(turn);
                 moved?;
                 Outcome::Going
             }
             Sent::Part => {
-                self.pending = Some(Pending { upto, _turn: turn });
+                self.pending = Some(Pending {
+                    upto,
+                    expect,
+                    _turn: turn,
+                });
                 self.stalled = true;
                 Outcome::Going
             }
             Sent::Closed => Outcome::Closed,
             Sent::Failed(e) => {
-                self.pending = Some(Pending { upto, _turn: turn });
+                self.pending = Some(Pending {
+                    upto,
+                    expect,
+                    _turn: turn,
+                });
                 Outcome::Back(e)
             }
         })
@@ -549,12 +573,18 @@ impl Delivery {
             .map_err(|e| e.to_string())
     }
 
-    /// Move the cursor to `upto` once the lines before it are out.
-    fn advance(&mut self, bridge: &Bridge, upto: u64) -> Result<(), String> {
+    /// Move the cursor to `upto` once the lines before it are out (with `expect`, only
+    /// where the inbox still has the bytes the judge marked there).
+    fn advance(
+        &mut self,
+        bridge: &Bridge,
+        upto: u64,
+        expect: Option<&Marker>,
+    ) -> Result<(), String> {
         if upto > self.printed_to {
             let file = (self.identity, self.gen);
             self.keeper
-                .advance(bridge, &self.inbox, file, upto, "watch")
+                .advance(bridge, &self.inbox, file, upto, "watch", expect)
                 .map_err(|e| e.to_string())?;
             self.printed_to = upto;
         }

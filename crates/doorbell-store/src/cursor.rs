@@ -270,7 +270,7 @@ fn lock_cursor(path: &Path) -> Result<(File, fs::Metadata)> {
 /// the agent's read log that what lies between was read through `via` (`read`, `watch`,
 /// `hook claude`, `mcp`). A cursor that is already further on the same file stays where it is.
 pub fn advance(bridge: &Bridge, agent: &str, inbox: &File, offset: u64, via: &str) -> Result<()> {
-    move_cursor(bridge, agent, inbox, offset, via, None, &mut None).map(drop)
+    move_cursor(bridge, agent, inbox, offset, via, None, None, &mut None).map(drop)
 }
 
 /// Move `agent`'s cursor on `inbox` back from `to` to `from`, when it still stands at `to`:
@@ -333,12 +333,17 @@ fn lock_held<'a>(path: &Path, held: &'a Held) -> Result<Option<CursorLock<'a>>> 
 /// [`advance`], for a reader that may know the cursor file already (`known`: the file it
 /// holds and the position it gave) and may keep its read log open in `log`. Returns the
 /// cursor file written, kept open (`None`: none was written).
+/// Move `agent`'s cursor on `inbox` to `offset`. With `expect`, only when the bytes before
+/// `offset` are still those it marks ([`Error::ChangedInPlace`] otherwise): lines printed
+/// as they were judged, without a look at the inbox, are read past only where it holds them.
+#[allow(clippy::too_many_arguments)]
 fn move_cursor(
     bridge: &Bridge,
     agent: &str,
     inbox: &File,
     offset: u64,
     via: &str,
+    expect: Option<&Marker>,
     known: Option<(&Held, Position)>,
     log: &mut Option<File>,
 ) -> Result<Option<Held>> {
@@ -362,7 +367,16 @@ fn move_cursor(
         }
     }
     let from = current.offset();
-    let Some(record) = record_at(&path, inbox, offset)? else {
+    let record = record_at(&path, inbox, offset)?;
+    if let Some(expect) = expect {
+        if record
+            .as_ref()
+            .is_none_or(|record| record.marker != *expect)
+        {
+            return Err(Error::ChangedInPlace { path });
+        }
+    }
+    let Some(record) = record else {
         return Ok(None);
     };
     let (dev, ino) = (record.dev, record.ino);
@@ -543,7 +557,8 @@ impl Keeper {
     }
 
     /// Move the cursor, as [`advance`] does; the cursor file is read again only when
-    /// another reader replaced it.
+    /// another reader replaced it. With `expect`, only when the inbox still has the bytes
+    /// that marker describes before `offset` ([`Error::ChangedInPlace`] otherwise).
     pub fn advance(
         &mut self,
         bridge: &Bridge,
@@ -551,6 +566,7 @@ impl Keeper {
         (identity, gen): ((u64, u64), u32),
         offset: u64,
         via: &str,
+        expect: Option<&Marker>,
     ) -> Result<()> {
         let known = self.known.as_ref().and_then(|k| k.of(identity, gen));
         let written = move_cursor(
@@ -559,6 +575,7 @@ impl Keeper {
             inbox,
             offset,
             via,
+            expect,
             known,
             &mut self.log,
         )?;
@@ -830,5 +847,59 @@ pub fn read_via(
         }
         carry = first;
         end = start;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+
+    use super::*;
+    use crate::Config;
+
+    /// A move that says which bytes it reads past is made only while the inbox holds them
+    /// there: changed in place since, the cursor stays, and the change is named.
+    #[test]
+    fn a_move_past_marked_bytes_is_made_only_while_the_inbox_holds_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let bridge = Bridge::create(dir.path(), Config::default()).unwrap();
+        let path = bridge.add_agent("web").unwrap();
+        std::fs::write(&path, "{\"id\":\"a\"}\n{\"id\":\"b\"}\n{\"id\":\"c\"}\n").unwrap();
+        let inbox = File::open(&path).unwrap();
+        let meta = inbox.metadata().unwrap();
+        let file = ((meta.dev(), meta.ino()), 0);
+        let marked = |offset| Marker::of(&inbox, offset).unwrap().unwrap();
+        let mut keeper = Keeper::new(&bridge, "web").unwrap();
+        keeper
+            .advance(&bridge, &inbox, file, 11, "test", Some(&marked(11)))
+            .unwrap();
+        assert_eq!(load(&bridge, "web", &inbox).unwrap(), Position::At(11));
+        let before = marked(22);
+        // The second line rewritten in place, to the same length.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .write_all_at(b"{\"id\":\"B\"}", 11)
+            .unwrap();
+        let moved = keeper.advance(&bridge, &inbox, file, 22, "test", Some(&before));
+        assert!(
+            matches!(moved, Err(Error::ChangedInPlace { .. })),
+            "{moved:?}"
+        );
+        assert_eq!(load(&bridge, "web", &inbox).unwrap(), Position::At(11));
+        // Cut short: the bytes are not there at all.
+        let cut = marked(22);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(15)
+            .unwrap();
+        let moved = keeper.advance(&bridge, &inbox, file, 22, "test", Some(&cut));
+        assert!(matches!(moved, Err(Error::ChangedInPlace { .. })));
+        assert_eq!(load(&bridge, "web", &inbox).unwrap(), Position::At(11));
+        // Without a marker to hold it to, a move goes as it always did.
+        keeper.advance(&bridge, &inbox, file, 11, "test", None).unwrap();
     }
 }

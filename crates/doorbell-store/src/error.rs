@@ -89,6 +89,10 @@ pub enum Error {
     FolderGone { dir: PathBuf },
     #[error("interrupted: the judge is stopping")]
     Interrupted,
+    /// A cursor was to move past lines printed as they were judged, and the inbox no longer
+    /// holds them there.
+    #[error("{path} changed in place since its lines were judged: the cursor stays")]
+    ChangedInPlace { path: PathBuf },
 }
 
 fn known_list(known: &[String]) -> String {
