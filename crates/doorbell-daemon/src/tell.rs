@@ -86,12 +86,13 @@ impl Connected {
         if self.missed {
             return true;
         }
-        if self.queued_bytes + appended.bytes.len() > MAX_QUEUED {
+        let size = appended.held_bytes();
+        if self.queued_bytes + size > MAX_QUEUED {
             self.queued.clear();
             self.queued_bytes = 0;
             self.missed = true;
         } else {
-            self.queued_bytes += appended.bytes.len();
+            self.queued_bytes += size;
             self.queued.push(Arc::clone(appended));
         }
         true

@@ -900,6 +900,8 @@ mod tests {
         assert!(matches!(moved, Err(Error::ChangedInPlace { .. })));
         assert_eq!(load(&bridge, "web", &inbox).unwrap(), Position::At(11));
         // Without a marker to hold it to, a move goes as it always did.
-        keeper.advance(&bridge, &inbox, file, 11, "test", None).unwrap();
+        keeper
+            .advance(&bridge, &inbox, file, 11, "test", None)
+            .unwrap();
     }
 }

@@ -1079,6 +1079,18 @@ impl Appended {
     pub fn to(&self) -> u64 {
         self.from + self.bytes.len() as u64
     }
+
+    /// The bytes it holds: the records' and the accepted lines'.
+    #[must_use]
+    pub fn held_bytes(&self) -> usize {
+        let lines: usize = self
+            .lines
+            .iter()
+            .filter_map(|line| line.bytes.as_ref())
+            .map(Vec::len)
+            .sum();
+        self.bytes.len() + lines
+    }
 }
 
 /// A copy of appended bytes longer than this is let go (and the next starts where the journal
@@ -1519,6 +1531,8 @@ mod tests {
             lines,
             [(11, 4, false, None), (15, 3, true, Some(b"ok".to_vec()))]
         );
+        // What it holds in memory counts the accepted line's bytes too.
+        assert_eq!(told.held_bytes(), told.bytes.len() + 2);
         // A line is said with the record it follows, never with the next copy's.
         writer.copy_line("web", 2, 15, 3, true, Some(b"ok"));
         writer.append(&record(18, Word::Accepted)).unwrap();
