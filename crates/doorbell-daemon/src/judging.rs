@@ -232,7 +232,9 @@ impl Judging {
                 true
             }
         };
-        // The watchers first: they are what an agent is looking at.
+        // The watchers first: they are what an agent is looking at. What was judged was
+        // told in the step, before its chores; this tells what they journaled (the notices'
+        // intents), or everything when the step failed.
         tell(&mut self.judge, self.watchers.as_ref());
         announce(&self.judge, &arrived, &self.arrivals);
         going_on
@@ -424,6 +426,9 @@ fn step(
             None => Some(judge.sweep(&names, now)?),
         }
     };
+    // What was judged reaches the watchers before the judge's own chores below (a
+    // checkpoint's preparation took up to 0.7 ms, every 256 KB of journal).
+    tell(judge, watchers);
     if let Some(stats) = stats {
         if stats.judged() > 0 {
             due.checkpoint
