@@ -1048,3 +1048,54 @@ fn a_line_printed_as_judged_is_the_inboxs_own_at_its_offset() {
     bridge.append_raw("web", note("01JUDGEDLAST").as_bytes());
     assert_eq!(ids_from(&mut lines, 1), ["01JUDGEDLAST"]);
 }
+
+/// A response read before its request (the request sits in another inbox, unread yet) is
+/// held, and the note written after it judged first: the daemon still prints web's lines
+/// once each, in the inbox's order, each the inbox's own bytes at the offset it names.
+#[test]
+fn a_held_response_and_the_note_after_it_are_printed_in_the_inboxs_order() {
+    let bridge = Bridge::with_agents(&["web", "design", "zeta", "human"]);
+    let (daemon, mut watch) = printing_for_watch(&bridge);
+    let mut lines = BufReader::new(watch.0.stdout.take().unwrap()).lines();
+    bridge.append_raw("web", note("01HELDFIRST").as_bytes());
+    assert_eq!(ids_from(&mut lines, 1), ["01HELDFIRST"]);
+    // Both inboxes written while the daemon cannot look: web's first in its sweep.
+    signal(daemon.child.id(), "STOP");
+    let answer = format!(
+        "{}\n{}",
+        line(
+            "01HELDANSWER",
+            "zeta",
+            "web",
+            "response",
+            r#","correlatesTo":"01HELDASK","state":"working""#
+        ),
+        note("01HELDAFTER")
+    );
+    let start = inbox_len(&bridge);
+    let after = start + answer.find('\n').unwrap() as u64 + 1;
+    bridge.append_raw("web", answer.as_bytes());
+    let ask = format!("{}\n", line("01HELDASK", "web", "zeta", "request", ""));
+    bridge.append_raw("zeta", ask.as_bytes());
+    signal(daemon.child.id(), "CONT");
+    let inbox = std::fs::read(bridge.inbox("web")).unwrap();
+    for id in ["01HELDANSWER", "01HELDAFTER"] {
+        let printed: serde_json::Value =
+            serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        assert_eq!(printed["envelope"]["id"], id);
+        let offset = usize::try_from(printed["offset"].as_u64().unwrap()).unwrap();
+        let end = inbox[offset..].iter().position(|b| *b == b'\n').unwrap();
+        let own: serde_json::Value = serde_json::from_slice(&inbox[offset..offset + end]).unwrap();
+        assert_eq!(printed["envelope"], own);
+    }
+    // The answer was held: the note after it was journaled first.
+    let journaled: Vec<u64> = bridge
+        .verdicts()
+        .into_iter()
+        .filter(|(inbox, offset, ..)| inbox == "web" && *offset >= start)
+        .map(|(_, offset, ..)| offset)
+        .collect();
+    assert_eq!(journaled, [after, start]);
+    bridge.append_raw("web", note("01HELDLAST").as_bytes());
+    assert_eq!(ids_from(&mut lines, 1), ["01HELDLAST"]);
+}
