@@ -875,13 +875,9 @@ mod tests {
             .unwrap();
         assert_eq!(load(&bridge, "web", &inbox).unwrap(), Position::At(11));
         let before = marked(22);
+        let in_place = || std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         // The second line rewritten in place, to the same length.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .write_all_at(b"{\"id\":\"B\"}", 11)
-            .unwrap();
+        in_place().write_all_at(b"{\"id\":\"B\"}", 11).unwrap();
         let moved = keeper.advance(&bridge, &inbox, file, 22, "test", Some(&before));
         assert!(
             matches!(moved, Err(Error::ChangedInPlace { .. })),
@@ -890,12 +886,7 @@ mod tests {
         assert_eq!(load(&bridge, "web", &inbox).unwrap(), Position::At(11));
         // Cut short: the bytes are not there at all.
         let cut = marked(22);
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(15)
-            .unwrap();
+        in_place().set_len(15).unwrap();
         let moved = keeper.advance(&bridge, &inbox, file, 22, "test", Some(&cut));
         assert!(matches!(moved, Err(Error::ChangedInPlace { .. })));
         assert_eq!(load(&bridge, "web", &inbox).unwrap(), Position::At(11));
