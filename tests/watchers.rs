@@ -1017,6 +1017,22 @@ fn a_watch_whose_reader_went_away_ends_though_the_daemon_printed() {
     assert!(status.success(), "{status:?}");
 }
 
+/// The id of the next line `lines` prints, once it is checked to be web's inbox's own line
+/// at the offset it names.
+#[track_caller]
+fn next_as_in_inbox(
+    bridge: &Bridge,
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+) -> String {
+    let printed: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    let offset = usize::try_from(printed["offset"].as_u64().unwrap()).unwrap();
+    let inbox = std::fs::read(bridge.inbox("web")).unwrap();
+    let end = offset + inbox[offset..].iter().position(|b| *b == b'\n').unwrap();
+    let own: serde_json::Value = serde_json::from_slice(&inbox[offset..end]).unwrap();
+    assert_eq!(printed["envelope"], own, "the line printed at {offset}");
+    printed["envelope"]["id"].as_str().unwrap().to_owned()
+}
+
 /// What the daemon prints for a watch as it was judged is what the inbox holds at the
 /// offset it names, line for line: accepted lines amid refused ones, blank lines, a run of
 /// bad lines and a duplicate, each write judged and printed before the next.
@@ -1034,15 +1050,7 @@ fn a_line_printed_as_judged_is_the_inboxs_own_at_its_offset() {
             _ => format!("   \n{}\n", note(&id)),
         };
         bridge.append_raw("web", write.as_bytes());
-        let printed: serde_json::Value =
-            serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-        assert_eq!(printed["envelope"]["id"], id.as_str(), "write {i}");
-        let offset = usize::try_from(printed["offset"].as_u64().unwrap()).unwrap();
-        let inbox = std::fs::read(bridge.inbox("web")).unwrap();
-        let at = &inbox[offset..];
-        let end = at.iter().position(|b| *b == b'\n').unwrap();
-        let own: serde_json::Value = serde_json::from_slice(&at[..end]).unwrap();
-        assert_eq!(printed["envelope"], own, "write {i}");
+        assert_eq!(next_as_in_inbox(&bridge, &mut lines), id, "write {i}");
     }
     // Nothing else was printed between: not the duplicates, not the refused lines.
     bridge.append_raw("web", note("01JUDGEDLAST").as_bytes());
@@ -1078,15 +1086,8 @@ fn a_held_response_and_the_note_after_it_are_printed_in_the_inboxs_order() {
     let ask = format!("{}\n", line("01HELDASK", "web", "zeta", "request", ""));
     bridge.append_raw("zeta", ask.as_bytes());
     signal(daemon.child.id(), "CONT");
-    let inbox = std::fs::read(bridge.inbox("web")).unwrap();
     for id in ["01HELDANSWER", "01HELDAFTER"] {
-        let printed: serde_json::Value =
-            serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-        assert_eq!(printed["envelope"]["id"], id);
-        let offset = usize::try_from(printed["offset"].as_u64().unwrap()).unwrap();
-        let end = inbox[offset..].iter().position(|b| *b == b'\n').unwrap();
-        let own: serde_json::Value = serde_json::from_slice(&inbox[offset..offset + end]).unwrap();
-        assert_eq!(printed["envelope"], own);
+        assert_eq!(next_as_in_inbox(&bridge, &mut lines), id);
     }
     // The answer was held: the note after it was journaled first.
     let journaled: Vec<u64> = bridge
