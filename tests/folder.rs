@@ -1021,6 +1021,76 @@ fn an_inbox_restored_and_written_on_to_the_same_length_is_not_taken_for_the_old(
     }
 }
 
+/// A restored inbox (new inode) whose marked bytes went with the journal's lost last
+/// record: its last accepted line, found whole at its offset, says it is the same inbox and
+/// nothing is judged again. A file with another line there is a new generation, its line
+/// accepted.
+#[test]
+fn an_inbox_whose_mark_was_lost_is_known_by_its_last_accepted_line_and_only_by_it() {
+    for same in [true, false] {
+        let bridge = Bridge::with_agents(&["web", "human"]);
+        let id = bridge.send("human", "web", "ok");
+        bridge.doorbell(&["daemon", "--once"]).ok();
+        let journal_path = bridge.dir().join(".doorbell/journal.jsonl");
+        let journal = std::fs::read_to_string(&journal_path).unwrap();
+        let last = journal.lines().last().unwrap();
+        let record: serde_json::Value = serde_json::from_str(last).unwrap();
+        assert_eq!(
+            (record["v"].as_str(), record["in"].as_str()),
+            (Some("m"), Some("web")),
+            "the last record marks the bytes judged: {last}"
+        );
+        assert!(record["marker"].is_object(), "{last}");
+
+        let copy = bridge.tmp.path().join("copy");
+        copy_folder(&bridge.dir(), &copy);
+        std::fs::remove_dir_all(bridge.dir()).unwrap();
+        std::fs::rename(&copy, bridge.dir()).unwrap();
+        let inbox = bridge.inbox("web");
+        let other = if same {
+            None
+        } else {
+            // Another message of the same length in a new file put in the inbox's place.
+            let bytes = std::fs::read_to_string(&inbox).unwrap();
+            let other = format!("{}X", &id[..id.len() - 1]);
+            assert_ne!(other, id);
+            let replaced = bridge.tmp.path().join("web-inbox.new");
+            std::fs::write(&replaced, bytes.replace(&id, &other)).unwrap();
+            std::fs::rename(&replaced, &inbox).unwrap();
+            Some(other)
+        };
+        // The last record lost, and the index that held what it said.
+        let cut = journal.len() - last.len() - 1;
+        std::fs::write(&journal_path, &journal[..cut]).unwrap();
+        for file in ["index.db", "index.db-wal", "index.db-shm"] {
+            let _ = std::fs::remove_file(bridge.dir().join(".doorbell").join(file));
+        }
+        let once = bridge.doorbell(&["daemon", "--once"]);
+        assert_eq!(once.code, 0, "{once:?}");
+        let gens: std::collections::BTreeSet<u64> = bridge
+            .journal()
+            .iter()
+            .filter(|r| r["in"] == "web")
+            .map(|r| r["g"].as_u64().unwrap_or(0))
+            .collect();
+        let read: Vec<String> = bridge
+            .read_json("web", &[])
+            .iter()
+            .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+            .collect();
+        match other {
+            None => {
+                assert_eq!(gens, [0].into(), "the same inbox: {}", once.stderr);
+                assert_eq!(read, [id], "shown once");
+            }
+            Some(other) => {
+                assert_eq!(gens, [0, 1].into(), "a new generation: {}", once.stderr);
+                assert_eq!(read, [other], "the new file's message");
+            }
+        }
+    }
+}
+
 /// Lines that name `id` in `agent`'s inbox: the notices that told of it.
 fn notices_naming(bridge: &Bridge, agent: &str, id: &str) -> usize {
     bridge

@@ -1960,6 +1960,38 @@ fn claimed_from(bytes: &[u8]) -> Option<String> {
     Some(rest[..rest.find('"')?].to_owned())
 }
 
+/// The shrunk case of a seed the long form met: a note judged, the folder restored (new
+/// inodes, the same bytes), then the journal's last record lost. That record was the mark
+/// that carried the note's bytes; the inbox's last accepted line, found at its offset in the
+/// restored file, still says it is the same inbox, so the note is not shown again.
+#[test]
+fn model_a_restored_inbox_whose_mark_was_lost_is_known_by_its_last_line() {
+    run_case(
+        5,
+        &[
+            Op::Note {
+                from: 5,
+                to: 3,
+                via: Via::Binary,
+            },
+            Op::Restore { restart: false },
+            Op::Note {
+                from: 4,
+                to: 1,
+                via: Via::Raw,
+            },
+            Op::Damage {
+                what: Harm::FlipLastRecord,
+            },
+            Op::Request {
+                from: 4,
+                to: 4,
+                via: Via::Binary,
+            },
+        ],
+    );
+}
+
 /// The shrunk case of a seed CI met: a torn line from data in web's inbox, then a partial
 /// write to data's inbox whose barrier (a line in web's) ended the torn one, making a
 /// notice for data due while the test held data's lock.

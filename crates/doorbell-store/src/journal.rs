@@ -278,6 +278,20 @@ pub struct InboxJournal {
     /// Its reader's cursor when this generation began (see [`Record::reader_cursor`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reader_cursor: Option<u64>,
+    /// The last line accepted in this generation: where it is and its fingerprint. When a
+    /// lost record took the generation's marked bytes with it, this line, found again at
+    /// its offset, is what still says which bytes were judged (see
+    /// [`crate::judge::Judge`]'s generation check).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_line: Option<LastLine>,
+}
+
+/// Where an accepted line is in its file, and its fingerprint (which hashes its id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastLine {
+    pub offset: u64,
+    pub span: u64,
+    pub fingerprint: u64,
 }
 
 /// A file an inbox had in an earlier generation: which file, and its last mark.
@@ -390,6 +404,15 @@ impl InboxJournal {
                     // A copy of an unread line of the file replaced, shown again.
                     if let (None, Some(id)) = (&record.line, &record.id) {
                         self.redelivered.insert(id.clone());
+                    }
+                    if let Some(line) = &record.line {
+                        if self.last_line.is_none_or(|l| l.offset < record.offset) {
+                            self.last_line = Some(LastLine {
+                                offset: record.offset,
+                                span: record.span,
+                                fingerprint: line.fingerprint,
+                            });
+                        }
                     }
                 }
                 self.add(record.offset, record.span);

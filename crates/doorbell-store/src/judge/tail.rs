@@ -15,7 +15,7 @@ use super::{CatchUp, HeldLines, Judge};
 use crate::append::open_inbox;
 use crate::halves;
 use crate::hash::Marker;
-use crate::journal::{Record, Unread, Word};
+use crate::journal::{LastLine, Record, Unread, Word};
 use crate::reader::{Line, LineReader};
 use crate::{Error, Result};
 
@@ -513,19 +513,30 @@ impl Judge {
         }
         // An inbox is known by its bytes: the marker of what was judged. A file with those
         // bytes under a new inode (a copy, a restore, a move to another disk) is the same
-        // inbox; without a marker only the inode can say.
+        // inbox. Without a marker (the record that carried it was lost) the last line
+        // accepted, found whole at its offset, says it; without either only the inode can.
         let same = meta.len() >= resume
             && match known.mark {
                 Some((offset, marker)) => marker.matches(file, offset).unwrap_or(false),
-                None => !moved,
+                None => !moved || known.last_line.is_some_and(|l| self.holds_line(file, l)),
             };
         if same && moved {
-            let (gen, mark) = (known.gen, known.mark);
+            let (gen, mark, last_line) = (known.gen, known.mark, known.last_line);
             tracing::warn!(
                 inbox = name,
                 "inbox has a new inode but the same bytes (copied, restored or moved): it is the same inbox"
             );
-            let (offset, marker) = mark.map_or((0, None), |(o, m)| (o, Some(m)));
+            let (offset, marker) = match (mark, last_line) {
+                (Some((offset, marker)), _) => (offset, Some(marker)),
+                // Marked at the end of the line that told, so that the next look has bytes
+                // to know it by.
+                (None, Some(line)) => {
+                    let end = line.offset + line.span;
+                    let marker = Marker::of(file, end).map_err(Error::io("read inbox", name))?;
+                    (end, marker)
+                }
+                (None, None) => (0, None),
+            };
             self.mark(name, gen, offset, meta, marker, now)?;
             return Ok(gen);
         }
@@ -568,6 +579,30 @@ impl Judge {
         }
         drop(settled);
         Ok(gen)
+    }
+
+    /// Whether `file` holds `line` at its offset: a whole line, with the same fingerprint.
+    fn holds_line(&self, file: &File, line: LastLine) -> bool {
+        // From the byte before it, which must end the line before.
+        let start = line.offset.saturating_sub(1);
+        let len = line.offset + line.span - start;
+        if len > self.limits.max_line_bytes as u64 + 3 {
+            return false;
+        }
+        let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(0)];
+        if std::os::unix::fs::FileExt::read_exact_at(file, &mut bytes, start).is_err() {
+            return false;
+        }
+        let bytes = match bytes.split_first() {
+            Some((b'\n', rest)) if line.offset > 0 => rest,
+            _ if line.offset == 0 => &bytes[..],
+            _ => return false,
+        };
+        let Some(text) = bytes.strip_suffix(b"\n") else {
+            return false;
+        };
+        doorbell_core::judge_stateless(text, None, &self.limits)
+            .is_ok_and(|envelope| envelope.fingerprint == line.fingerprint)
     }
 
     pub(super) fn mark(
