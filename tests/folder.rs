@@ -1022,14 +1022,29 @@ fn an_inbox_restored_and_written_on_to_the_same_length_is_not_taken_for_the_old(
 }
 
 /// A restored inbox (new inode) whose marked bytes went with the journal's lost last
-/// record: its last accepted line, found whole at its offset, says it is the same inbox and
-/// nothing is judged again. A file with another line there is a new generation, its line
-/// accepted.
+/// record: its last line judged, found whole at its offset (an accepted one by its
+/// fingerprint, a refused one by its bytes), says it is the same inbox and nothing is judged
+/// again. A file with another line there is a new generation, its line accepted.
 #[test]
-fn an_inbox_whose_mark_was_lost_is_known_by_its_last_accepted_line_and_only_by_it() {
-    for same in [true, false] {
+fn an_inbox_whose_mark_was_lost_is_known_by_its_last_judged_line_and_only_by_it() {
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Case {
+        Same,
+        SameAfterRefused,
+        OtherLine,
+        RefusedAfter,
+    }
+    for case in [
+        Case::Same,
+        Case::SameAfterRefused,
+        Case::OtherLine,
+        Case::RefusedAfter,
+    ] {
         let bridge = Bridge::with_agents(&["web", "human"]);
         let id = bridge.send("human", "web", "ok");
+        if matches!(case, Case::SameAfterRefused | Case::RefusedAfter) {
+            bridge.append_raw("web", b"not json\n");
+        }
         bridge.doorbell(&["daemon", "--once"]).ok();
         let journal_path = bridge.dir().join(".doorbell/journal.jsonl");
         let journal = std::fs::read_to_string(&journal_path).unwrap();
@@ -1038,7 +1053,7 @@ fn an_inbox_whose_mark_was_lost_is_known_by_its_last_accepted_line_and_only_by_i
         assert_eq!(
             (record["v"].as_str(), record["in"].as_str()),
             (Some("m"), Some("web")),
-            "the last record marks the bytes judged: {last}"
+            "{case:?}: the last record marks the bytes judged: {last}"
         );
         assert!(record["marker"].is_object(), "{last}");
 
@@ -1047,18 +1062,28 @@ fn an_inbox_whose_mark_was_lost_is_known_by_its_last_accepted_line_and_only_by_i
         std::fs::remove_dir_all(bridge.dir()).unwrap();
         std::fs::rename(&copy, bridge.dir()).unwrap();
         let inbox = bridge.inbox("web");
-        let other = if same {
-            None
-        } else {
-            // Another message of the same length in a new file put in the inbox's place.
-            let bytes = std::fs::read_to_string(&inbox).unwrap();
-            let other = format!("{}X", &id[..id.len() - 1]);
-            assert_ne!(other, id);
-            let replaced = bridge.tmp.path().join("web-inbox.new");
-            std::fs::write(&replaced, bytes.replace(&id, &other)).unwrap();
-            std::fs::rename(&replaced, &inbox).unwrap();
-            Some(other)
+        let bytes = std::fs::read_to_string(&inbox).unwrap();
+        // What is put in the inbox's place, as a new file.
+        let (replaced, new) = match case {
+            Case::Same | Case::SameAfterRefused => (None, None),
+            Case::OtherLine => {
+                // Another message of the same length where the last one was.
+                let other = format!("{}X", &id[..id.len() - 1]);
+                assert_ne!(other, id);
+                (Some(bytes.replace(&id, &other)), Some(other))
+            }
+            Case::RefusedAfter => {
+                // The refused line taken out, and a message written after.
+                let kept = bytes.replace("not json\n", "");
+                let later = line("01LATER", "human", "web", "note", "");
+                (Some(format!("{kept}{later}\n")), Some("01LATER".to_owned()))
+            }
         };
+        if let Some(replaced) = replaced {
+            let path = bridge.tmp.path().join("web-inbox.new");
+            std::fs::write(&path, replaced).unwrap();
+            std::fs::rename(&path, &inbox).unwrap();
+        }
         // The last record lost, and the index that held what it said.
         let cut = journal.len() - last.len() - 1;
         std::fs::write(&journal_path, &journal[..cut]).unwrap();
@@ -1078,14 +1103,18 @@ fn an_inbox_whose_mark_was_lost_is_known_by_its_last_accepted_line_and_only_by_i
             .iter()
             .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
             .collect();
-        match other {
-            None => {
+        match (case, new) {
+            (Case::Same | Case::SameAfterRefused, _) | (_, None) => {
                 assert_eq!(gens, [0].into(), "the same inbox: {}", once.stderr);
                 assert_eq!(read, [id], "shown once");
             }
-            Some(other) => {
+            (Case::OtherLine, Some(other)) => {
                 assert_eq!(gens, [0, 1].into(), "a new generation: {}", once.stderr);
                 assert_eq!(read, [other], "the new file's message");
+            }
+            (Case::RefusedAfter, Some(later)) => {
+                assert_eq!(gens, [0, 1].into(), "a new generation: {}", once.stderr);
+                assert_eq!(read, [id, later], "each message once: {}", once.stderr);
             }
         }
     }

@@ -135,6 +135,11 @@ pub struct Record {
     /// this one says that the reader read none of this one.
     #[serde(rename = "rc", default, skip_serializing_if = "Option::is_none")]
     pub reader_cursor: Option<u64>,
+    /// A verdict on a line that carries no fingerprint (refused, duplicate, or shown
+    /// again): the xxh3 of its bytes, its `\n` not included. It knows the line again at its
+    /// offset when the mark after it was lost (see [`InboxJournal::last_line`]).
+    #[serde(rename = "h", default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<u64>,
 }
 
 /// What an inbox's reader had not read when a new file replaced the inbox's file.
@@ -231,6 +236,7 @@ impl Record {
             ring: None,
             unread_from: None,
             reader_cursor: None,
+            hash: None,
         }
     }
 
@@ -278,20 +284,24 @@ pub struct InboxJournal {
     /// Its reader's cursor when this generation began (see [`Record::reader_cursor`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reader_cursor: Option<u64>,
-    /// The last line accepted in this generation: where it is and its fingerprint. When a
-    /// lost record took the generation's marked bytes with it, this line, found again at
-    /// its offset, is what still says which bytes were judged (see
-    /// [`crate::judge::Judge`]'s generation check).
+    /// The last line judged in this generation that can be known again: where it is, and
+    /// its fingerprint or the hash of its bytes. When a lost record took the generation's
+    /// marked bytes with it, this line, found again at its offset, is what still says which
+    /// bytes were judged (see the judge's generation check).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_line: Option<LastLine>,
 }
 
-/// Where an accepted line is in its file, and its fingerprint (which hashes its id).
+/// Where a judged line is in its file, and what knows it again: an accepted line's
+/// fingerprint (which hashes its id), or the hash of another's bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LastLine {
     pub offset: u64,
     pub span: u64,
-    pub fingerprint: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<u64>,
 }
 
 /// A file an inbox had in an earlier generation: which file, and its last mark.
@@ -405,15 +415,17 @@ impl InboxJournal {
                     if let (None, Some(id)) = (&record.line, &record.id) {
                         self.redelivered.insert(id.clone());
                     }
-                    if let Some(line) = &record.line {
-                        if self.last_line.is_none_or(|l| l.offset < record.offset) {
-                            self.last_line = Some(LastLine {
-                                offset: record.offset,
-                                span: record.span,
-                                fingerprint: line.fingerprint,
-                            });
-                        }
-                    }
+                }
+                let fingerprint = record.line.as_ref().map(|line| line.fingerprint);
+                if (fingerprint.is_some() || record.hash.is_some())
+                    && self.last_line.is_none_or(|l| l.offset < record.offset)
+                {
+                    self.last_line = Some(LastLine {
+                        offset: record.offset,
+                        span: record.span,
+                        fingerprint,
+                        hash: record.hash,
+                    });
                 }
                 self.add(record.offset, record.span);
                 true

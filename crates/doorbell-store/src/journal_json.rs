@@ -35,6 +35,7 @@ pub(crate) fn write_plain(out: &mut Vec<u8>, record: &Record) -> bool {
         ring,
         unread_from,
         reader_cursor,
+        hash,
     } = record;
     let plain = *version == crate::journal::RECORD_VERSION
         && reason.is_none()
@@ -50,6 +51,7 @@ pub(crate) fn write_plain(out: &mut Vec<u8>, record: &Record) -> bool {
         && ring.is_none()
         && unread_from.is_none()
         && reader_cursor.is_none()
+        && hash.is_none()
         && matches!(verdict, Word::Accepted | Word::Duplicate | Word::Refused);
     if !plain {
         return false;

@@ -258,6 +258,9 @@ impl Judge {
             }
         }
         record.line = accepted;
+        if record.line.is_none() {
+            record.hash = bytes.map(xxhash_rust::xxh3::xxh3_64);
+        }
         // A verdict that rests on a lookup the index failed to answer is never journaled:
         // the judge stops, the index is rebuilt, and the line judged again.
         if let Some(error) = self.snapshot.failed_lookup() {

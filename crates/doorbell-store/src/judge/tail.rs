@@ -514,11 +514,20 @@ impl Judge {
         // An inbox is known by its bytes: the marker of what was judged. A file with those
         // bytes under a new inode (a copy, a restore, a move to another disk) is the same
         // inbox. Without a marker (the record that carried it was lost) the last line
-        // accepted, found whole at its offset, says it; without either only the inode can.
+        // judged that can be known again (by its fingerprint, or its bytes' hash) says it,
+        // found whole at its offset, when nothing was judged after it: bytes judged after it
+        // would be compared by nothing. Without either only the inode can say.
         let same = meta.len() >= resume
             && match known.mark {
                 Some((offset, marker)) => marker.matches(file, offset).unwrap_or(false),
-                None => !moved || known.last_line.is_some_and(|l| self.holds_line(file, l)),
+                None => {
+                    !moved
+                        || known.last_line.is_some_and(|line| {
+                            line.offset.checked_add(line.span) == Some(known.judged_to)
+                                && known.judged_beyond.is_empty()
+                                && self.holds_line(file, line)
+                        })
+                }
             };
         if same && moved {
             let (gen, mark, last_line) = (known.gen, known.mark, known.last_line);
@@ -581,14 +590,21 @@ impl Judge {
         Ok(gen)
     }
 
-    /// Whether `file` holds `line` at its offset: a whole line, with the same fingerprint.
+    /// Whether `file` holds `line` at its offset: a whole line, with the same fingerprint or
+    /// bytes. Its length is not judged again (the judge's own lines may be longer than the
+    /// limit, and the limit may have changed since), only bounded.
     fn holds_line(&self, file: &File, line: LastLine) -> bool {
         // From the byte before it, which must end the line before.
         let start = line.offset.saturating_sub(1);
-        let len = line.offset + line.span - start;
-        if len > self.limits.max_line_bytes as u64 + 3 {
+        let most = (self.limits.max_line_bytes as u64).max(OWN_LINE_MOST) + 3;
+        let Some(len) = line
+            .offset
+            .checked_add(line.span)
+            .map(|end| end - start)
+            .filter(|len| *len <= most)
+        else {
             return false;
-        }
+        };
         let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(0)];
         if std::os::unix::fs::FileExt::read_exact_at(file, &mut bytes, start).is_err() {
             return false;
@@ -601,8 +617,17 @@ impl Judge {
         let Some(text) = bytes.strip_suffix(b"\n") else {
             return false;
         };
-        doorbell_core::judge_stateless(text, None, &self.limits)
-            .is_ok_and(|envelope| envelope.fingerprint == line.fingerprint)
+        match (line.fingerprint, line.hash) {
+            (Some(fingerprint), _) => {
+                let unlimited = doorbell_core::Limits {
+                    max_line_bytes: usize::MAX,
+                };
+                doorbell_core::judge_stateless(text, None, &unlimited)
+                    .is_ok_and(|envelope| envelope.fingerprint == fingerprint)
+            }
+            (None, Some(hash)) => xxhash_rust::xxh3::xxh3_64(text) == hash,
+            (None, None) => false,
+        }
     }
 
     pub(super) fn mark(
