@@ -904,7 +904,11 @@ fn a_line_damaged_in_place_before_the_daemon_printed_it_is_passed_over() {
     use std::os::unix::fs::FileExt;
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
     let (_daemon, mut watch) = printing_for_watch(&bridge);
-    // 1.6 MB with nobody reading: the pipe (1 MiB) is full, the rest waits unprinted.
+    // The pipe full before the first line: the daemon's first print waits, and every line
+    // judged after it waits unprinted (a daemon that prints a step late, behind the judge,
+    // would otherwise take the damaged line into a print before the damage).
+    let filler = fill_pipe(&watch);
+    // 1.6 MB with nobody reading.
     let mut sent = Vec::new();
     for batch in 0..8 {
         bridge.append_raw("web", long_batch("01F", batch, &mut sent).as_bytes());
@@ -928,10 +932,41 @@ fn a_line_damaged_in_place_before_the_daemon_printed_it_is_passed_over() {
     inbox.write_all_at(b"x", start).unwrap();
     drop(inbox);
     let mut lines = BufReader::new(watch.0.stdout.take().unwrap()).lines();
+    for _ in 0..filler {
+        assert_eq!(lines.next().unwrap().unwrap(), "#");
+    }
     let got = ids_from(&mut lines, sent.len());
     assert_eq!(got, sent);
     bridge.append_raw("web", note("01AFTER").as_bytes());
     assert_eq!(ids_from(&mut lines, 1), ["01AFTER"]);
+}
+
+/// Fill the output pipe of `watch` through a second writer (the pipe opened again through
+/// `/proc`) until it takes no more: how many lines of `#` it holds.
+fn fill_pipe(watch: &WatchChild) -> usize {
+    use rustix::fs::{open, Mode, OFlags};
+    let end = open(
+        format!("/proc/{}/fd/1", watch.0.id()).as_str(),
+        OFlags::WRONLY | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .unwrap();
+    // Writes of at most a page to a pipe go in whole or not at all.
+    let page = "#\n".repeat(2048);
+    let mut bytes = 0;
+    for chunk in [page.as_bytes(), b"#\n"] {
+        loop {
+            match rustix::io::write(&end, chunk) {
+                Ok(n) => {
+                    assert_eq!(n, chunk.len(), "a write of at most a page is whole");
+                    bytes += n;
+                }
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(e) => panic!("filling the pipe: {e}"),
+            }
+        }
+    }
+    bytes / 2
 }
 
 /// The watch killed while the daemon prints for it: the daemon lets the pipe go, so its
