@@ -19,6 +19,15 @@ fn copy_folder(from: &Path, to: &Path) {
     assert!(status.success());
 }
 
+/// The folder copied with `cp -a` and the copy put in its place, as a restore from a
+/// backup would: every file a new inode, the same bytes.
+fn restore_with_new_inodes(bridge: &Bridge) {
+    let copy = bridge.tmp.path().join("copy");
+    copy_folder(&bridge.dir(), &copy);
+    std::fs::remove_dir_all(bridge.dir()).unwrap();
+    std::fs::rename(&copy, bridge.dir()).unwrap();
+}
+
 #[test]
 fn a_copied_or_restored_folder_keeps_every_unread_message_and_repeats_nothing() {
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
@@ -35,10 +44,7 @@ fn a_copied_or_restored_folder_keeps_every_unread_message_and_repeats_nothing() 
     assert_eq!(told, 1, "one refusal notice before the copy");
 
     // The copy replaces the original, as a restore from a backup would.
-    let copy = bridge.tmp.path().join("copy");
-    copy_folder(&bridge.dir(), &copy);
-    std::fs::remove_dir_all(bridge.dir()).unwrap();
-    std::fs::rename(&copy, bridge.dir()).unwrap();
+    restore_with_new_inodes(&bridge);
 
     // The unread message is still unread, and nothing already read comes back.
     assert_eq!(
@@ -871,12 +877,7 @@ fn stopped_and_started_again(
     );
     let after = bridge.send("design", "web", "after");
     let _again = crate::util::Daemon::start(bridge, &[]);
-    let read = bridge
-        .read_json("web", &[])
-        .iter()
-        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
-        .collect();
-    (after, read)
+    (after, read_ids(bridge, "web"))
 }
 
 /// `.doorbell/` restored from a backup while the daemon runs: its lock file is a new one,
@@ -1010,39 +1011,46 @@ fn an_inbox_restored_and_written_on_to_the_same_length_is_not_taken_for_the_old(
         before,
         "the same length"
     );
-    let read: Vec<String> = bridge
-        .read_json("web", &[])
-        .iter()
-        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
-        .collect();
-    assert_eq!(read, new, "the new messages, once");
+    assert_eq!(read_ids(&bridge, "web"), new, "the new messages, once");
     for id in &new {
         bridge.doorbell(&["show", id]).ok();
     }
 }
 
 /// A restored inbox (new inode) whose marked bytes went with the journal's lost last
-/// record: its last line judged, found whole at its offset (an accepted one by its
-/// fingerprint, a refused one by its bytes), says it is the same inbox and nothing is judged
-/// again. A file with another line there is a new generation, its line accepted.
+/// record: its last accepted line, found whole at its offset by its fingerprint, and each
+/// line judged after it, found by its bytes, say it is the same inbox and nothing is judged
+/// again. A file with another message there is a new generation, its message accepted, even
+/// when the refused line after it is the same (a refused line's bytes, `not json`, can be
+/// any file's); so is one whose refused line is another, or became a message.
 #[test]
-fn an_inbox_whose_mark_was_lost_is_known_by_its_last_judged_line_and_only_by_it() {
+fn an_inbox_whose_mark_was_lost_is_known_by_its_last_lines_judged_and_only_by_them() {
     #[derive(Debug, Clone, Copy, PartialEq)]
     enum Case {
         Same,
         SameAfterRefused,
         OtherLine,
+        OtherLineThenRefused,
+        RefusedChanged,
         RefusedAfter,
     }
     for case in [
         Case::Same,
         Case::SameAfterRefused,
         Case::OtherLine,
+        Case::OtherLineThenRefused,
+        Case::RefusedChanged,
         Case::RefusedAfter,
     ] {
         let bridge = Bridge::with_agents(&["web", "human"]);
         let id = bridge.send("human", "web", "ok");
-        if matches!(case, Case::SameAfterRefused | Case::RefusedAfter) {
+        if matches!(
+            case,
+            Case::SameAfterRefused
+                | Case::OtherLineThenRefused
+                | Case::RefusedChanged
+                | Case::RefusedAfter
+        ) {
             bridge.append_raw("web", b"not json\n");
         }
         bridge.doorbell(&["daemon", "--once"]).ok();
@@ -1057,20 +1065,24 @@ fn an_inbox_whose_mark_was_lost_is_known_by_its_last_judged_line_and_only_by_it(
         );
         assert!(record["marker"].is_object(), "{last}");
 
-        let copy = bridge.tmp.path().join("copy");
-        copy_folder(&bridge.dir(), &copy);
-        std::fs::remove_dir_all(bridge.dir()).unwrap();
-        std::fs::rename(&copy, bridge.dir()).unwrap();
+        restore_with_new_inodes(&bridge);
         let inbox = bridge.inbox("web");
         let bytes = std::fs::read_to_string(&inbox).unwrap();
         // What is put in the inbox's place, as a new file.
         let (replaced, new) = match case {
             Case::Same | Case::SameAfterRefused => (None, None),
-            Case::OtherLine => {
+            Case::OtherLine | Case::OtherLineThenRefused => {
                 // Another message of the same length where the last one was.
                 let other = format!("{}X", &id[..id.len() - 1]);
                 assert_ne!(other, id);
                 (Some(bytes.replace(&id, &other)), Some(other))
+            }
+            Case::RefusedChanged => {
+                // Another refused line of the same length where the refused one was.
+                (
+                    Some(bytes.replace("not json\n", "NOT JSON\n")),
+                    Some(id.clone()),
+                )
             }
             Case::RefusedAfter => {
                 // The refused line taken out, and a message written after.
@@ -1092,25 +1104,20 @@ fn an_inbox_whose_mark_was_lost_is_known_by_its_last_judged_line_and_only_by_it(
         }
         let once = bridge.doorbell(&["daemon", "--once"]);
         assert_eq!(once.code, 0, "{once:?}");
-        let gens: std::collections::BTreeSet<u64> = bridge
-            .journal()
-            .iter()
-            .filter(|r| r["in"] == "web")
-            .map(|r| r["g"].as_u64().unwrap_or(0))
-            .collect();
-        let read: Vec<String> = bridge
-            .read_json("web", &[])
-            .iter()
-            .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
-            .collect();
+        let gens = generations(&bridge, "web");
+        let read = read_ids(&bridge, "web");
         match (case, new) {
             (Case::Same | Case::SameAfterRefused, _) | (_, None) => {
                 assert_eq!(gens, [0].into(), "the same inbox: {}", once.stderr);
                 assert_eq!(read, [id], "shown once");
             }
-            (Case::OtherLine, Some(other)) => {
+            (Case::OtherLine | Case::OtherLineThenRefused, Some(other)) => {
                 assert_eq!(gens, [0, 1].into(), "a new generation: {}", once.stderr);
                 assert_eq!(read, [other], "the new file's message");
+            }
+            (Case::RefusedChanged, Some(_)) => {
+                assert_eq!(gens, [0, 1].into(), "a new generation: {}", once.stderr);
+                assert_eq!(read, [id], "the message once: {}", once.stderr);
             }
             (Case::RefusedAfter, Some(later)) => {
                 assert_eq!(gens, [0, 1].into(), "a new generation: {}", once.stderr);
@@ -1447,13 +1454,7 @@ fn an_inbox_rewritten_before_its_cursor_still_shows_what_was_unread_and_only_tha
         let running = daemon.then(|| crate::util::Daemon::start(&bridge, &[]));
         bridge.append_raw("web", b"garbage the sender never meant\n");
         let texts = ["one", "two", "three"];
-        let shown = || -> Vec<String> {
-            bridge
-                .read_json("web", &[])
-                .iter()
-                .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
-                .collect()
-        };
+        let shown = || read_ids(&bridge, "web");
         // "one" is read; "two" and "three" are not.
         let mut ids = vec![bridge.send("design", "web", texts[0])];
         assert_eq!(shown(), ids, "daemon {daemon}");
@@ -1518,10 +1519,7 @@ fn an_empty_inbox_restored_before_its_first_line_keeps_its_generation_through_a_
     let bridge = Bridge::with_agents(&["web", "design", "human"]);
     // The judge knows every inbox, empty.
     bridge.doorbell(&["daemon", "--once"]).ok();
-    let copy = bridge.tmp.path().join("copy");
-    copy_folder(&bridge.dir(), &copy);
-    std::fs::remove_dir_all(bridge.dir()).unwrap();
-    std::fs::rename(&copy, bridge.dir()).unwrap();
+    restore_with_new_inodes(&bridge);
     // The first line of a restored (new inode) inbox, refused: its sender is told.
     bridge.append_raw(
         "web",
@@ -1755,6 +1753,25 @@ fn senders_wait_for_a_held_inbox_lock_as_long_as_their_timeout_says() {
 }
 
 /// The texts of what `agent` reads now.
+/// The generations the journal's records of `inbox` name.
+fn generations(bridge: &Bridge, inbox: &str) -> std::collections::BTreeSet<u64> {
+    bridge
+        .journal()
+        .iter()
+        .filter(|r| r["in"] == inbox)
+        .map(|r| r["g"].as_u64().unwrap_or(0))
+        .collect()
+}
+
+/// The ids `read --json` shows `agent`.
+fn read_ids(bridge: &Bridge, agent: &str) -> Vec<String> {
+    bridge
+        .read_json(agent, &[])
+        .iter()
+        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 fn read_texts(bridge: &Bridge, agent: &str) -> Vec<String> {
     bridge
         .read_json(agent, &[])

@@ -284,24 +284,77 @@ pub struct InboxJournal {
     /// Its reader's cursor when this generation began (see [`Record::reader_cursor`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reader_cursor: Option<u64>,
-    /// The last line judged in this generation that can be known again: where it is, and
-    /// its fingerprint or the hash of its bytes. When a lost record took the generation's
-    /// marked bytes with it, this line, found again at its offset, is what still says which
-    /// bytes were judged (see the judge's generation check).
+    /// The last line accepted in this generation and the lines judged after it, as far as
+    /// each can be known again. When a lost record took the generation's marked bytes with
+    /// it, these lines, found again where they were, are what still says which bytes were
+    /// judged (see the judge's generation check).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_line: Option<LastLine>,
 }
 
-/// Where a judged line is in its file, and what knows it again: an accepted line's
-/// fingerprint (which hashes its id), or the hash of another's bytes.
+/// The last accepted line of a generation (where it is, and its fingerprint, which hashes
+/// its id), and the lines judged one after another behind it, up to `end`: `chain` hashes
+/// the hashes of their bytes, in order. An accepted line alone cannot be taken for another
+/// file's, a refused one can (`{}` is in many files); behind an accepted line, it cannot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LastLine {
     pub offset: u64,
     pub span: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fingerprint: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hash: Option<u64>,
+    #[serde(default)]
+    pub fingerprint: u64,
+    #[serde(default)]
+    pub end: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub chain: u64,
+    /// A line behind it cannot be known again (a run of blank lines, an over-long line, a
+    /// verdict out of the inbox's order): nothing after the accepted line is evidence.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub broken: bool,
+}
+
+impl LastLine {
+    /// The chain of hashes `chain`, with the line whose bytes hash to `hash` after it.
+    #[must_use]
+    pub fn chained(chain: u64, hash: u64) -> u64 {
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&chain.to_le_bytes());
+        bytes[8..].copy_from_slice(&hash.to_le_bytes());
+        xxhash_rust::xxh3::xxh3_64(&bytes)
+    }
+
+    /// Apply the verdict on the line at `offset` (`span` bytes): an accepted one's
+    /// `fingerprint`, or the `hash` of another's bytes.
+    fn after(
+        last: &mut Option<LastLine>,
+        offset: u64,
+        span: u64,
+        fingerprint: Option<u64>,
+        hash: Option<u64>,
+    ) {
+        if let Some(fingerprint) = fingerprint {
+            if last.is_none_or(|l| l.offset < offset) {
+                *last = Some(LastLine {
+                    offset,
+                    span,
+                    fingerprint,
+                    end: offset.saturating_add(span),
+                    chain: 0,
+                    broken: false,
+                });
+            }
+            return;
+        }
+        let Some(line) = last.as_mut().filter(|l| l.offset < offset) else {
+            return;
+        };
+        match hash {
+            Some(hash) if !line.broken && offset == line.end => {
+                line.chain = LastLine::chained(line.chain, hash);
+                line.end = offset.saturating_add(span);
+            }
+            _ => line.broken = true,
+        }
+    }
 }
 
 /// A file an inbox had in an earlier generation: which file, and its last mark.
@@ -416,17 +469,13 @@ impl InboxJournal {
                         self.redelivered.insert(id.clone());
                     }
                 }
-                let fingerprint = record.line.as_ref().map(|line| line.fingerprint);
-                if (fingerprint.is_some() || record.hash.is_some())
-                    && self.last_line.is_none_or(|l| l.offset < record.offset)
-                {
-                    self.last_line = Some(LastLine {
-                        offset: record.offset,
-                        span: record.span,
-                        fingerprint,
-                        hash: record.hash,
-                    });
-                }
+                LastLine::after(
+                    &mut self.last_line,
+                    record.offset,
+                    record.span,
+                    record.line.as_ref().map(|line| line.fingerprint),
+                    record.hash,
+                );
                 self.add(record.offset, record.span);
                 true
             }
@@ -1542,6 +1591,55 @@ mod tests {
 
     /// The lines a copy carries are those its records judge, each once, with the bytes of
     /// the accepted ones; a copy let go for its size carries none of the lines it let go.
+    #[test]
+    fn the_last_lines_judged_chain_behind_an_accepted_line_and_break_where_one_cannot_be_known() {
+        let mut last = None;
+        let after = |last: &mut Option<LastLine>, offset, span, fp, hash| {
+            LastLine::after(last, offset, span, fp, hash);
+            last.map(|l: LastLine| (l.offset, l.end, l.chain, l.broken))
+        };
+        // A refused line before any accepted one is no evidence.
+        assert_eq!(after(&mut last, 0, 10, None, Some(1)), None);
+        assert_eq!(
+            after(&mut last, 10, 20, Some(7), None),
+            Some((10, 30, 0, false))
+        );
+        let one = LastLine::chained(0, 5);
+        assert_eq!(
+            after(&mut last, 30, 5, None, Some(5)),
+            Some((10, 35, one, false))
+        );
+        let two = LastLine::chained(one, 6);
+        assert_eq!(
+            after(&mut last, 35, 5, None, Some(6)),
+            Some((10, 40, two, false))
+        );
+        // An accepted line held and judged late, before the last: nothing changes.
+        assert_eq!(
+            after(&mut last, 5, 5, Some(8), None),
+            Some((10, 40, two, false))
+        );
+        // A line that cannot be known again (no hash), or one out of order, breaks it.
+        let mut gap = last;
+        assert_eq!(
+            after(&mut gap, 45, 5, None, Some(9)).map(|l| l.3),
+            Some(true)
+        );
+        assert_eq!(
+            after(&mut last, 40, 100, None, None).map(|l| l.3),
+            Some(true)
+        );
+        // Once broken, a line in order after it does not mend it; the next accepted starts anew.
+        assert_eq!(
+            after(&mut last, 140, 5, None, Some(3)).map(|l| l.3),
+            Some(true)
+        );
+        assert_eq!(
+            after(&mut last, 145, 5, Some(9), None),
+            Some((145, 150, 0, false))
+        );
+    }
+
     #[test]
     fn a_copy_carries_the_lines_its_records_judge_and_only_those() {
         let dir = tempfile::tempdir().unwrap();

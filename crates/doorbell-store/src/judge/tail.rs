@@ -514,20 +514,22 @@ impl Judge {
         // An inbox is known by its bytes: the marker of what was judged. A file with those
         // bytes under a new inode (a copy, a restore, a move to another disk) is the same
         // inbox. Without a marker (the record that carried it was lost) the last line
-        // judged that can be known again (by its fingerprint, or its bytes' hash) says it,
-        // found whole at its offset, when nothing was judged after it: bytes judged after it
-        // would be compared by nothing. Without either only the inode can say.
+        // accepted says it, found whole at its offset by its fingerprint, with every line
+        // judged after it found by the hash of its bytes: bytes judged and not compared
+        // would be taken for the same unseen. Without either only the inode can say (and a
+        // freed inode's number may come back as another file's).
         let same = meta.len() >= resume
             && match known.mark {
                 Some((offset, marker)) => marker.matches(file, offset).unwrap_or(false),
-                None => {
-                    !moved
-                        || known.last_line.is_some_and(|line| {
-                            line.offset.checked_add(line.span) == Some(known.judged_to)
-                                && known.judged_beyond.is_empty()
-                                && self.holds_line(file, line)
-                        })
-                }
+                None => known
+                    .last_line
+                    .filter(|line| {
+                        line.end == known.judged_to
+                            && !line.broken
+                            && known.judged_beyond.is_empty()
+                    })
+                    .and_then(|line| self.holds_lines(file, line))
+                    .unwrap_or(!moved),
             };
         if same && moved {
             let (gen, mark, last_line) = (known.gen, known.mark, known.last_line);
@@ -537,12 +539,12 @@ impl Judge {
             );
             let (offset, marker) = match (mark, last_line) {
                 (Some((offset, marker)), _) => (offset, Some(marker)),
-                // Marked at the end of the line that told, so that the next look has bytes
-                // to know it by.
+                // Marked at the end of the lines that told, so that the next look has bytes
+                // to know them by.
                 (None, Some(line)) => {
-                    let end = line.offset + line.span;
-                    let marker = Marker::of(file, end).map_err(Error::io("read inbox", name))?;
-                    (end, marker)
+                    let marker =
+                        Marker::of(file, line.end).map_err(Error::io("read inbox", name))?;
+                    (line.end, marker)
                 }
                 (None, None) => (0, None),
             };
@@ -590,44 +592,58 @@ impl Judge {
         Ok(gen)
     }
 
-    /// Whether `file` holds `line` at its offset: a whole line, with the same fingerprint or
-    /// bytes. Its length is not judged again (the judge's own lines may be longer than the
-    /// limit, and the limit may have changed since), only bounded.
-    fn holds_line(&self, file: &File, line: LastLine) -> bool {
+    /// Whether `file` holds the lines `line` knows where they were: the accepted line whole,
+    /// with the same fingerprint, then lines whose bytes hash to the same chain, ending
+    /// where it ends. `None` when that cannot be told: more bytes than are read back for it
+    /// (lengths are not judged again, only bounded: the judge's own lines may be longer
+    /// than the limit, and the limit may have changed since), or a failed read.
+    fn holds_lines(&self, file: &File, line: LastLine) -> Option<bool> {
         // From the byte before it, which must end the line before.
         let start = line.offset.saturating_sub(1);
-        let most = (self.limits.max_line_bytes as u64).max(OWN_LINE_MOST) + 3;
-        let Some(len) = line
-            .offset
-            .checked_add(line.span)
+        let most = (self.limits.max_line_bytes as u64).max(OWN_LINE_MOST) * 2;
+        let accepted_end = line.offset.checked_add(line.span)?;
+        let len = Some(line.end)
+            .filter(|end| accepted_end <= *end)
             .map(|end| end - start)
-            .filter(|len| *len <= most)
+            .filter(|len| *len <= most)?;
+        let mut bytes = vec![0u8; usize::try_from(len).ok()?];
+        if let Err(e) = std::os::unix::fs::FileExt::read_exact_at(file, &mut bytes, start) {
+            // A file shorter than the lines is not the file they were in.
+            return (e.kind() == std::io::ErrorKind::UnexpectedEof).then_some(false);
+        }
+        Some(Self::are_the_lines(&bytes, line))
+    }
+
+    /// Whether `bytes`, read from the byte before `line`'s offset (or from 0) to its end,
+    /// are the lines it knows.
+    fn are_the_lines(bytes: &[u8], line: LastLine) -> bool {
+        let bytes = match bytes.split_first() {
+            Some((b'\n', rest)) if line.offset > 0 => rest,
+            _ if line.offset == 0 => bytes,
+            _ => return false,
+        };
+        let Some((accepted, after)) = usize::try_from(line.span)
+            .ok()
+            .and_then(|span| bytes.split_at_checked(span))
         else {
             return false;
         };
-        let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(0)];
-        if std::os::unix::fs::FileExt::read_exact_at(file, &mut bytes, start).is_err() {
-            return false;
-        }
-        let bytes = match bytes.split_first() {
-            Some((b'\n', rest)) if line.offset > 0 => rest,
-            _ if line.offset == 0 => &bytes[..],
-            _ => return false,
-        };
-        let Some(text) = bytes.strip_suffix(b"\n") else {
+        let Some(text) = accepted.strip_suffix(b"\n") else {
             return false;
         };
-        match (line.fingerprint, line.hash) {
-            (Some(fingerprint), _) => {
-                let unlimited = doorbell_core::Limits {
-                    max_line_bytes: usize::MAX,
-                };
-                doorbell_core::judge_stateless(text, None, &unlimited)
-                    .is_ok_and(|envelope| envelope.fingerprint == fingerprint)
-            }
-            (None, Some(hash)) => xxhash_rust::xxh3::xxh3_64(text) == hash,
-            (None, None) => false,
+        let unlimited = doorbell_core::Limits {
+            max_line_bytes: usize::MAX,
+        };
+        let fingerprint = doorbell_core::judge_stateless(text, None, &unlimited)
+            .is_ok_and(|envelope| envelope.fingerprint == line.fingerprint);
+        if !fingerprint || !(after.is_empty() || after.ends_with(b"\n")) {
+            return false;
         }
+        let chain = after
+            .split_inclusive(|&b| b == b'\n')
+            .map(|l| xxhash_rust::xxh3::xxh3_64(&l[..l.len() - 1]))
+            .fold(0, LastLine::chained);
+        chain == line.chain
     }
 
     pub(super) fn mark(
