@@ -1457,6 +1457,14 @@ fn an_inbox_rewritten_before_its_cursor_still_shows_what_was_unread_and_only_tha
         let shown = || read_ids(&bridge, "web");
         // "one" is read; "two" and "three" are not.
         let mut ids = vec![bridge.send("design", "web", texts[0])];
+        if daemon {
+            // `read` shows what the daemon judged so far: the line once it has a verdict.
+            bridge.wait_for(
+                std::time::Duration::from_secs(20),
+                "the first line judged",
+                |b| b.verdict_count() == 2,
+            );
+        }
         assert_eq!(shown(), ids, "daemon {daemon}");
         ids.extend(texts[1..].iter().map(|t| bridge.send("design", "web", t)));
         // All judged (and unread) before the rewrite.
