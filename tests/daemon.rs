@@ -206,15 +206,6 @@ fn verdict_of(bridge: &Bridge, inbox: &str, id: &str) -> (String, Option<String>
     (found.verdict, found.reason)
 }
 
-/// The ids `read AGENT --json` shows (and the cursor moves past).
-fn read_ids(bridge: &Bridge, agent: &str) -> Vec<String> {
-    bridge
-        .read_json(agent, &[])
-        .iter()
-        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
-        .collect()
-}
-
 /// The agents whose inbox is a regular file in the folder.
 fn inbox_files(bridge: &Bridge) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(bridge.dir())
@@ -357,7 +348,7 @@ fn an_inbox_truncated_in_place_is_read_again_from_0_as_a_new_generation() {
     bridge.wait_for(PATIENCE, "the 10 old lines", |b| {
         judged_in(b, "web", 0).len() == 10
     });
-    assert_eq!(read_ids(&bridge, "web").len(), 10);
+    assert_eq!(bridge.read_ids("web").len(), 10);
 
     // Truncated in place, then 3 shorter lines.
     let file = OpenOptions::new()
@@ -386,7 +377,7 @@ fn an_inbox_truncated_in_place_is_read_again_from_0_as_a_new_generation() {
     assert_eq!(marked_generations(&bridge, "web"), [0, 1]);
     // Logged loudly.
     daemon.expect_stderr("new generation", Duration::from_secs(5));
-    assert_eq!(read_ids(&bridge, "web"), ["01NEW0", "01NEW1", "01NEW2"]);
+    assert_eq!(bridge.read_ids("web"), ["01NEW0", "01NEW1", "01NEW2"]);
 
     // Truncated again and written longer than before in one go: the size alone cannot tell,
     // the bytes before the saved position do.
@@ -411,7 +402,7 @@ fn an_inbox_truncated_in_place_is_read_again_from_0_as_a_new_generation() {
     assert_eq!(judged_in(&bridge, "web", 1).len(), 3);
     assert_eq!(marked_generations(&bridge, "web"), [0, 1, 2]);
     assert_judged_once(&bridge);
-    let ids = read_ids(&bridge, "web");
+    let ids = bridge.read_ids("web");
     assert_eq!(ids.len(), 12, "{ids:?}");
     assert!(ids.iter().all(|id| id.starts_with("01GROWN")), "{ids:?}");
 }
@@ -458,7 +449,7 @@ fn an_inbox_replaced_by_rename_is_drained_then_read_from_0() {
     assert_eq!(judged_in(&bridge, "web", 1), new_verdicts);
     assert_eq!(marked_generations(&bridge, "web"), [0, 1]);
     assert_judged_once(&bridge);
-    assert_eq!(read_ids(&bridge, "web"), ["01REPL0", "01REPL1", "01REPL2"]);
+    assert_eq!(bridge.read_ids("web"), ["01REPL0", "01REPL1", "01REPL2"]);
 }
 
 #[test]
@@ -508,7 +499,7 @@ fn an_inbox_deleted_and_recreated_is_drained_then_read_from_0() {
         .filter(|j| j.inbox == "web")
         .all(|j| j.verdict == "a"));
     assert_judged_once(&bridge);
-    assert_eq!(read_ids(&bridge, "web"), ["01AGAIN0", "01AGAIN1"]);
+    assert_eq!(bridge.read_ids("web"), ["01AGAIN0", "01AGAIN1"]);
 
     // Deleted again with nothing unread, recreated empty, written later.
     std::fs::remove_file(bridge.inbox("web")).unwrap();
@@ -519,7 +510,7 @@ fn an_inbox_deleted_and_recreated_is_drained_then_read_from_0() {
         judged_in(b, "web", 2) == [(0, "a".to_owned())]
     });
     assert_judged_once(&bridge);
-    assert_eq!(read_ids(&bridge, "web"), ["01THIRD"]);
+    assert_eq!(bridge.read_ids("web"), ["01THIRD"]);
 }
 
 #[test]
@@ -564,11 +555,8 @@ fn inboxes_with_the_same_first_line_are_judged_independently() {
     assert_eq!(marked_generations(&bridge, "web"), [0]);
     assert_eq!(marked_generations(&bridge, "mobile"), [0]);
     assert_judged_once(&bridge);
-    assert_eq!(
-        read_ids(&bridge, "web"),
-        ["01SAMEFIRST", "01WEB1", "01WEB2"]
-    );
-    assert_eq!(read_ids(&bridge, "mobile"), ["01MOB1", "01MOB2"]);
+    assert_eq!(bridge.read_ids("web"), ["01SAMEFIRST", "01WEB1", "01WEB2"]);
+    assert_eq!(bridge.read_ids("mobile"), ["01MOB1", "01MOB2"]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -607,8 +595,8 @@ fn a_partial_line_completed_after_a_kill_is_judged_whole_once() {
         [(0, "a".to_owned()), (whole.len() as u64, "a".to_owned())]
     );
     assert_eq!(judged_in(&bridge, "mobile", 0), [(0, "a".to_owned())]);
-    assert_eq!(read_ids(&bridge, "web"), ["01WHOLE", "01SPLIT"]);
-    assert_eq!(read_ids(&bridge, "mobile"), ["01ALONE"]);
+    assert_eq!(bridge.read_ids("web"), ["01WHOLE", "01SPLIT"]);
+    assert_eq!(bridge.read_ids("mobile"), ["01ALONE"]);
 
     // While running, too: a fragment waits for its newline.
     let more = note("01MORE", "web");
@@ -642,8 +630,8 @@ fn an_inbox_created_and_written_in_one_go_is_judged() {
         judged_in(b, "late", 0) == [(0, "a".to_owned())]
             && judged_in(b, "moved", 0) == [(0, "a".to_owned())]
     });
-    assert_eq!(read_ids(&bridge, "late"), ["01LATE"]);
-    assert_eq!(read_ids(&bridge, "moved"), ["01MOVED"]);
+    assert_eq!(bridge.read_ids("late"), ["01LATE"]);
+    assert_eq!(bridge.read_ids("moved"), ["01MOVED"]);
     assert_judged_once(&bridge);
 }
 
@@ -818,7 +806,7 @@ fn survives_a_damaged_index(damage: impl FnOnce(&Path)) {
         std::fs::read_to_string(state.join("refused.jsonl")).unwrap(),
         refused_before
     );
-    assert!(read_ids(&bridge, "web").contains(&id));
+    assert!(bridge.read_ids("web").contains(&id));
     stop(daemon);
 }
 
@@ -1012,7 +1000,7 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_keeps_judging() {
         verdict_of(&bridge, "web", "01FROMCI2A"),
         ("r".into(), Some("unknown-sender".into()))
     );
-    assert_eq!(read_ids(&bridge, "web"), [id.as_str(), "01FROMCI1"]);
+    assert_eq!(bridge.read_ids("web"), [id.as_str(), "01FROMCI1"]);
 
     // Fixed: the reload applies to lines judged from now on; earlier verdicts stand.
     std::fs::write(&config, "human = \"human\"\n\n[[loop]]\nname = \"ci2\"\n").unwrap();
@@ -1029,7 +1017,7 @@ fn sighup_with_a_broken_config_keeps_the_old_one_and_keeps_judging() {
         ("r".into(), Some("unknown-sender".into()))
     );
     assert_eq!(verdict_of(&bridge, "web", "01FROMCI1"), ("a".into(), None));
-    assert_eq!(read_ids(&bridge, "web"), ["01FROMCI2B"]);
+    assert_eq!(bridge.read_ids("web"), ["01FROMCI2B"]);
     assert_judged_once(&bridge);
     stop(daemon);
 }
@@ -1052,7 +1040,7 @@ fn a_notice_longer_than_max_line_bytes_is_delivered_once_across_restarts() {
     assert!(notice.len() > 300, "the notice is {} bytes", notice.len());
     assert_eq!(judged_in(&bridge, "design", 0), [(0, "a".to_owned())]);
     assert_eq!(
-        read_ids(&bridge, "design").len(),
+        bridge.read_ids("design").len(),
         1,
         "the sender reads its notice"
     );

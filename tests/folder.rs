@@ -877,7 +877,7 @@ fn stopped_and_started_again(
     );
     let after = bridge.send("design", "web", "after");
     let _again = crate::util::Daemon::start(bridge, &[]);
-    (after, read_ids(bridge, "web"))
+    (after, bridge.read_ids("web"))
 }
 
 /// `.doorbell/` restored from a backup while the daemon runs: its lock file is a new one,
@@ -1011,7 +1011,7 @@ fn an_inbox_restored_and_written_on_to_the_same_length_is_not_taken_for_the_old(
         before,
         "the same length"
     );
-    assert_eq!(read_ids(&bridge, "web"), new, "the new messages, once");
+    assert_eq!(bridge.read_ids("web"), new, "the new messages, once");
     for id in &new {
         bridge.doorbell(&["show", id]).ok();
     }
@@ -1105,7 +1105,7 @@ fn an_inbox_whose_mark_was_lost_is_known_by_its_last_lines_judged_and_only_by_th
         let once = bridge.doorbell(&["daemon", "--once"]);
         assert_eq!(once.code, 0, "{once:?}");
         let gens = generations(&bridge, "web");
-        let read = read_ids(&bridge, "web");
+        let read = bridge.read_ids("web");
         match (case, new) {
             (Case::Same | Case::SameAfterRefused, _) | (_, None) => {
                 assert_eq!(gens, [0].into(), "the same inbox: {}", once.stderr);
@@ -1454,7 +1454,7 @@ fn an_inbox_rewritten_before_its_cursor_still_shows_what_was_unread_and_only_tha
         let running = daemon.then(|| crate::util::Daemon::start(&bridge, &[]));
         bridge.append_raw("web", b"garbage the sender never meant\n");
         let texts = ["one", "two", "three"];
-        let shown = || read_ids(&bridge, "web");
+        let shown = || bridge.read_ids("web");
         // "one" is read; "two" and "three" are not.
         let mut ids = vec![bridge.send("design", "web", texts[0])];
         if daemon {
@@ -1768,15 +1768,6 @@ fn generations(bridge: &Bridge, inbox: &str) -> std::collections::BTreeSet<u64> 
         .iter()
         .filter(|r| r["in"] == inbox)
         .map(|r| r["g"].as_u64().unwrap_or(0))
-        .collect()
-}
-
-/// The ids `read --json` shows `agent`.
-fn read_ids(bridge: &Bridge, agent: &str) -> Vec<String> {
-    bridge
-        .read_json(agent, &[])
-        .iter()
-        .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
         .collect()
 }
 

@@ -230,6 +230,14 @@ impl Bridge {
             .collect()
     }
 
+    /// The ids `read AGENT --json` shows (and the cursor moves past).
+    pub fn read_ids(&self, agent: &str) -> Vec<String> {
+        self.read_json(agent, &[])
+            .iter()
+            .map(|m| m["envelope"]["id"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
     /// The journal's records.
     pub fn journal(&self) -> Vec<serde_json::Value> {
         let text =
