@@ -1102,8 +1102,9 @@ fn a_held_response_and_the_note_after_it_are_printed_in_the_inboxs_order() {
     let mut lines = BufReader::new(watch.0.stdout.take().unwrap()).lines();
     bridge.append_raw("web", note("01HELDFIRST").as_bytes());
     assert_eq!(ids_from(&mut lines, 1), ["01HELDFIRST"]);
-    // Both inboxes written while the daemon cannot look: web's first in its sweep.
-    signal(daemon.child.id(), "STOP");
+    // Both inboxes written while the daemon cannot look: web's first in its sweep. (Its
+    // `signal` waits until the whole process has stopped: a `kill -STOP` returns before.)
+    daemon.signal("STOP");
     let answer = format!(
         "{}\n{}",
         line(
@@ -1120,7 +1121,7 @@ fn a_held_response_and_the_note_after_it_are_printed_in_the_inboxs_order() {
     bridge.append_raw("web", answer.as_bytes());
     let ask = format!("{}\n", line("01HELDASK", "web", "zeta", "request", ""));
     bridge.append_raw("zeta", ask.as_bytes());
-    signal(daemon.child.id(), "CONT");
+    daemon.signal("CONT");
     for id in ["01HELDANSWER", "01HELDAFTER"] {
         assert_eq!(next_as_in_inbox(&bridge, &mut lines), id);
     }
