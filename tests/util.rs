@@ -480,35 +480,10 @@ impl Daemon {
         }
     }
 
-    /// Send a signal by name (`TERM`, `KILL`, `HUP`, ...).
+    /// Send a signal by name (`TERM`, `KILL`, `HUP`, ...); a `STOP` returns once the daemon
+    /// has stopped.
     pub fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{name}"), &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill -{name}");
-        if name == "STOP" {
-            self.wait_stopped();
-        }
-    }
-
-    /// A SIGSTOP stops a process's threads one by one, each as it next enters the kernel: a
-    /// line appended just after `kill -STOP` returned could still be judged. The parent is
-    /// told once the whole process has stopped (`waitid` with `WSTOPPED`; `WNOWAIT` leaves
-    /// the child to `wait` as before).
-    #[track_caller]
-    fn wait_stopped(&self) {
-        use rustix::process::{waitid, Pid, WaitId, WaitIdOptions};
-        let pid = Pid::from_child(&self.child);
-        let status = waitid(
-            WaitId::Pid(pid),
-            WaitIdOptions::STOPPED | WaitIdOptions::NOWAIT,
-        )
-        .expect("waitid on the daemon");
-        assert!(
-            status.is_some_and(|s| s.stopped()),
-            "the daemon did not stop: {status:?}"
-        );
+        signal(self.child.id(), name);
     }
 
     /// Wait for the daemon to exit, up to `timeout`; its exit code (None: killed by a signal).
@@ -910,4 +885,31 @@ pub fn has_open(pid: u32, name: &str) -> bool {
         fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
             .any(|target| target.to_string_lossy().ends_with(name))
     })
+}
+
+/// Send the signal `name` (`TERM`, `STOP`, `CONT`, ...) to `pid`, a child of the tests. A
+/// SIGSTOP stops a process's threads one by one, each as it next enters the kernel: a line
+/// appended just after `kill -STOP` returned could still be judged or printed. So a `STOP`
+/// returns once the parent is told the whole process has stopped (`waitid` with `WSTOPPED`;
+/// `WNOWAIT` leaves the child to `wait` as before).
+#[track_caller]
+pub fn signal(pid: u32, name: &str) {
+    use rustix::process::{waitid, Pid, WaitId, WaitIdOptions};
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pid}");
+    if name == "STOP" {
+        let child = Pid::from_raw(i32::try_from(pid).expect("a pid")).expect("a pid");
+        let status = waitid(
+            WaitId::Pid(child),
+            WaitIdOptions::STOPPED | WaitIdOptions::NOWAIT,
+        )
+        .expect("waitid on a child of the tests");
+        assert!(
+            status.is_some_and(|s| s.stopped()),
+            "{pid} did not stop: {status:?}"
+        );
+    }
 }

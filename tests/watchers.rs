@@ -6,7 +6,7 @@
 use std::io::{BufRead, BufReader};
 use std::time::Duration;
 
-use crate::util::{line, note_of, Bridge, Daemon, Watch, WatchChild};
+use crate::util::{line, note_of, signal, Bridge, Daemon, Watch, WatchChild};
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -173,15 +173,6 @@ fn an_inbox_rewritten_in_place_with_only_its_head_changed_is_a_new_generation() 
     assert_eq!(ids.len(), 5, "{ids:?}");
     assert!(ids.iter().any(|id| id.starts_with("01HCCCC")), "{ids:?}");
     daemon.kill();
-}
-
-/// Send the signal `name` (`STOP`, `CONT`) to the process `pid`.
-fn signal(pid: u32, name: &str) {
-    let status = std::process::Command::new("kill")
-        .args([&format!("-{name}"), &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
 }
 
 /// Wait until web's `watch` has moved its cursor once: a move ends with its read log record.
