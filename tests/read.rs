@@ -459,6 +459,37 @@ fn a_long_blank_line_inside_a_refused_run_is_not_shown() {
     );
 }
 
+/// Lines that name nobody, one after another, are refused as one run with one record; no
+/// line inside the run is shown, not even one that reads as an envelope but for its id and
+/// sender, and the message after the run is.
+#[test]
+fn no_line_of_a_refused_run_of_lines_that_name_nobody_is_shown() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let nameless = line("01NAMELESS", "design", "web", "note", "")
+        .replace("01NAMELESS", "not an id")
+        .replace(r#""from":"design""#, r#""from":"Not A Name""#);
+    let after = line("01AFTERRUN", "design", "web", "note", "");
+    bridge.append_raw(
+        "web",
+        format!("1\n{nameless}\n{{}}\n\n{after}\n").as_bytes(),
+    );
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let refused: Vec<_> = bridge
+        .verdicts()
+        .into_iter()
+        .filter(|(_, _, verdict, _)| verdict == "refused")
+        .collect();
+    assert_eq!(refused.len(), 1, "one record for the run: {refused:?}");
+    let read = bridge.doorbell(&["read", "web", "--json"]);
+    let shown: Vec<serde_json::Value> = read
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(ids(&shown), ["01AFTERRUN"], "{read:?}");
+    assert!(!read.stderr.contains("no longer reads"), "{read:?}");
+}
+
 /// `.doorbell/reads/` (the reader locks, the read logs) made a symlink is never written
 /// through: a reader stops with an error that names it, shows nothing and moves nothing, and
 /// once it is a folder again the message is there.

@@ -590,6 +590,9 @@ pub struct JournalRecord {
     pub gen: u32,
     #[serde(rename = "o")]
     pub offset: u64,
+    /// The bytes it covers: one line, or a run of lines that name nobody.
+    #[serde(rename = "n", default)]
+    pub span: u64,
     #[serde(rename = "v")]
     pub verdict: String,
     #[serde(default)]

@@ -963,15 +963,24 @@ impl Index {
         )
     }
 
-    /// The offsets of lines not accepted in `inbox`'s generation `gen` between `from` and
-    /// `to`.
-    pub fn others_between(&self, inbox: &str, gen: u32, from: u64, to: u64) -> Result<Vec<u64>> {
+    /// The lines not accepted in `inbox`'s generation `gen` that start between `from` and
+    /// `to`: each one's offset and span.
+    pub fn others_between(
+        &self,
+        inbox: &str,
+        gen: u32,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<(u64, u64)>> {
         let rows = self.others_where(
             "SELECT inbox, gen, offset, span, verdict, seen_at, id, sender, reason, detail, sum \
              FROM others WHERE inbox = ?1 AND gen = ?2 AND offset >= ?3 AND offset < ?4",
             params![inbox, gen, to_sql(from), to_sql(to)],
         )?;
-        Ok(rows.into_iter().map(|r| r.offset).collect())
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.offset, r.span.max(1)))
+            .collect())
     }
 
     /// Refused lines at `offset` of `inbox` in the generations before `gen`: what a line read

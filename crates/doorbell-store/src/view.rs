@@ -483,17 +483,17 @@ impl View {
         let Some(journal) = self.snapshot.inboxes.get(agent) else {
             return Ok(None);
         };
-        let mut not_accepted: BTreeSet<u64> = match self.snapshot.index() {
+        let mut not_accepted: BTreeMap<u64, u64> = match self.snapshot.index() {
             Some(index) => index
                 .others_between(agent, journal.gen, from, u64::MAX)?
                 .into_iter()
                 .collect(),
-            None => BTreeSet::new(),
+            None => BTreeMap::new(),
         };
         not_accepted.extend(
             self.snapshot
                 .unsaved_others(agent, journal.gen)
-                .map(|o| o.offset),
+                .map(|o| (o.offset, o.span)),
         );
         Ok(Some(InboxView {
             agent: agent.to_owned(),
@@ -681,7 +681,9 @@ impl View {
 pub struct InboxView {
     pub agent: String,
     pub journal: InboxJournal,
-    not_accepted: BTreeSet<u64>,
+    /// The lines refused or duplicate, by offset, with their span: a run of lines that name
+    /// nobody is refused as one, from its first line's offset.
+    not_accepted: BTreeMap<u64, u64>,
     /// Reads the inbox's lines; kept between calls (`watch` reads again and again).
     reader: Option<LineReader>,
     max_line_bytes: usize,
@@ -706,7 +708,7 @@ impl InboxView {
         InboxView {
             agent: agent.to_owned(),
             journal: InboxJournal::default(),
-            not_accepted: BTreeSet::new(),
+            not_accepted: BTreeMap::new(),
             reader: None,
             max_line_bytes: 0,
         }
@@ -715,7 +717,12 @@ impl InboxView {
     /// Whether the line at `offset` was judged and accepted.
     #[must_use]
     pub fn is_accepted(&self, offset: u64) -> bool {
-        offset < self.journal.judged_to && !self.not_accepted.contains(&offset)
+        offset < self.journal.judged_to
+            && self
+                .not_accepted
+                .range(..=offset)
+                .next_back()
+                .is_none_or(|(start, span)| offset >= start + span)
     }
 
     /// Each accepted line of `file` (this inbox's file) from `from` on, with its offset, in
@@ -796,7 +803,7 @@ impl InboxView {
         if matches!(record.verdict, Word::Refused | Word::Duplicate)
             && record.gen == self.journal.gen
         {
-            self.not_accepted.insert(record.offset);
+            self.not_accepted.insert(record.offset, record.span.max(1));
         }
     }
 }

@@ -37,6 +37,7 @@ mod emit;
 mod open;
 mod record;
 mod tail;
+mod unnamed;
 mod verdicts;
 
 use open::timing_of;

@@ -1,6 +1,6 @@
 //! Tailing: each inbox's current file (its generation, a replaced file drained first), its
-//! complete lines from where judging stopped, runs of blank lines, the judge's own long lines,
-//! the marks that know an inbox by its bytes.
+//! complete lines from where judging stopped (runs of lines that name nobody: `unnamed`), the
+//! judge's own long lines, the marks that know an inbox by its bytes.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -10,6 +10,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use doorbell_core::{Refusal, RefusalReason, Verdict};
 
+use super::unnamed::Unnamed;
 use super::verdicts::{identity_of, names_reserved_id};
 use super::{CatchUp, HeldLines, Judge};
 use crate::append::open_inbox;
@@ -282,8 +283,8 @@ impl Judge {
     /// Judge the complete lines of `file` from where judging stopped in generation `gen` (or
     /// from `from`, when that is further: a later round of one sweep), up to `size` when its
     /// size was just seen. Returns where the last complete line ends,
-    /// or, with `round`, where a run of blank lines that reaches `size` starts: a round that
-    /// stops inside the run leaves it to be judged whole, as one fragment.
+    /// or, with `round`, where a run of lines that name nobody that reaches `size` starts: a
+    /// round that stops inside the run leaves it to be judged whole, as one fragment.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn read_lines(
         &mut self,
@@ -314,31 +315,27 @@ impl Judge {
         let holding = held.offsets_in(name, gen);
         let mut reader = std::mem::replace(&mut self.reader, LineReader::new(0));
         let interrupt = Arc::clone(&self.interrupt);
-        // A run of blank lines is one refused fragment, one record: a megabyte of newlines
-        // must not become hundreds of megabytes of journal, refused log and index.
-        let mut blank: Option<(u64, u64)> = None;
+        // A run of lines that name nobody (blank lines, `1`, `{}`) is one refused fragment,
+        // one record: a megabyte of newlines must not become hundreds of megabytes of
+        // journal, refused log and index.
+        let mut run: Option<Unnamed> = None;
         let limits = self.limits;
         let sharing = self.sharing;
         let result = reader.read_batches_until(file, start, size, |lines| {
-            halves::judge_batch(lines, name, &limits, sharing, |line, parsed| {
+            halves::judge_batch(lines, name, &limits, sharing, |line, mut parsed| {
                 let line = line.clone();
                 if interrupt.load(Ordering::Relaxed) {
                     return Err(Error::Interrupted);
                 }
                 if let Line::Complete { offset, bytes } = &line {
-                    if is_blank(bytes) && !covered(&beyond, *offset) && !holding.contains(offset) {
-                        let end = offset + bytes.len() as u64 + 1;
-                        match &mut blank {
-                            Some((_, run_end)) if *run_end == *offset => *run_end = end,
-                            _ => {
-                                self.refuse_blanks(name, gen, blank.take(), now, stats)?;
-                                blank = Some((*offset, end));
-                            }
+                    if !covered(&beyond, *offset) && !holding.contains(offset) {
+                        if let Some(nameless) = Unnamed::refused(bytes, &mut parsed, name, limits) {
+                            let before = Unnamed::join(&mut run, *offset, bytes, nameless);
+                            return self.refuse_unnamed(name, gen, before, now, stats);
                         }
-                        return Ok(());
                     }
                 }
-                self.refuse_blanks(name, gen, blank.take(), now, stats)?;
+                self.refuse_unnamed(name, gen, run.take(), now, stats)?;
                 if covered(&beyond, line.offset()) || holding.contains(&line.offset()) {
                     return Ok(());
                 }
@@ -394,45 +391,12 @@ impl Judge {
         });
         self.reader = reader;
         let end = result?;
-        if let Some((run_start, run_end)) = blank.filter(|&(_, run_end)| round && run_end == end) {
-            debug_assert!(run_start < run_end);
-            return Ok(run_start);
+        if let Some(run) = run.as_ref().filter(|run| round && run.end == end) {
+            debug_assert!(run.start < run.end);
+            return Ok(run.start);
         }
-        self.refuse_blanks(name, gen, blank, now, stats)?;
+        self.refuse_unnamed(name, gen, run, now, stats)?;
         Ok(end)
-    }
-
-    /// Refuse a run of blank lines, `[start, end)`, with one verdict.
-    pub(super) fn refuse_blanks(
-        &mut self,
-        name: &str,
-        gen: u32,
-        run: Option<(u64, u64)>,
-        now: DateTime<Utc>,
-        stats: &mut CatchUp,
-    ) -> Result<()> {
-        let Some((start, end)) = run else {
-            return Ok(());
-        };
-        let detail = if end - start == 1 {
-            "blank line".to_owned()
-        } else {
-            format!("blank lines ({} bytes)", end - start)
-        };
-        let refusal = Refusal::new(RefusalReason::BadJson, detail);
-        let verdict = Verdict::Refused(refusal);
-        self.record(
-            name,
-            gen,
-            start,
-            end - start,
-            None,
-            &verdict,
-            None,
-            None,
-            now,
-            stats,
-        )
     }
 
     /// The bytes of the over-long line at `offset` when it is the judge's own (see
