@@ -1127,6 +1127,65 @@ fn an_inbox_whose_mark_was_lost_is_known_by_its_last_lines_judged_and_only_by_th
     }
 }
 
+/// A restored inbox whose newest mark was lost, an older one kept: the older mark knows the
+/// bytes up to itself only, and the lines judged since are found again by the last one
+/// accepted. The same file keeps its generation; a file with another message after the
+/// older mark is a new generation, and its message is judged, not passed over as judged.
+#[test]
+fn an_inbox_whose_newest_mark_was_lost_is_known_by_the_lines_judged_since_the_mark_before() {
+    for other in [false, true] {
+        let bridge = Bridge::with_agents(&["web", "human"]);
+        let first = bridge.send("human", "web", "one");
+        bridge.doorbell(&["daemon", "--once"]).ok();
+        let second = bridge.send("human", "web", "two");
+        bridge.doorbell(&["daemon", "--once"]).ok();
+        let journal_path = bridge.dir().join(".doorbell/journal.jsonl");
+        let journal = std::fs::read_to_string(&journal_path).unwrap();
+        let marks: Vec<serde_json::Value> = journal
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|r| r["v"] == "m" && r["in"] == "web" && r["marker"].is_object())
+            .collect();
+        assert_eq!(marks.len(), 2, "a mark after each message: {journal}");
+        let last = journal.lines().last().unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(last).unwrap(),
+            marks[1]
+        );
+
+        restore_with_new_inodes(&bridge);
+        let inbox = bridge.inbox("web");
+        let mut expected = vec![first.clone(), second.clone()];
+        if other {
+            // Another message of the same length where the second was.
+            let last = if second.ends_with('X') { 'Y' } else { 'X' };
+            let replacement = format!("{}{last}", &second[..second.len() - 1]);
+            let bytes = std::fs::read_to_string(&inbox).unwrap();
+            let path = bridge.tmp.path().join("web-inbox.new");
+            std::fs::write(&path, bytes.replace(&second, &replacement)).unwrap();
+            std::fs::rename(&path, &inbox).unwrap();
+            expected[1] = replacement;
+        }
+        // The last record, the newest mark, lost, and the index that held what it said.
+        let cut = journal.len() - last.len() - 1;
+        std::fs::write(&journal_path, &journal[..cut]).unwrap();
+        for file in ["index.db", "index.db-wal", "index.db-shm"] {
+            let _ = std::fs::remove_file(bridge.dir().join(".doorbell").join(file));
+        }
+        let once = bridge.doorbell(&["daemon", "--once"]);
+        assert_eq!(once.code, 0, "{once:?}");
+        let gens = generations(&bridge, "web");
+        let expected_gens = if other { [0, 1].into() } else { [0].into() };
+        assert_eq!(gens, expected_gens, "other {other}: {}", once.stderr);
+        assert_eq!(
+            bridge.read_ids("web"),
+            expected,
+            "each message once: {}",
+            once.stderr
+        );
+    }
+}
+
 /// Lines that name `id` in `agent`'s inbox: the notices that told of it.
 fn notices_naming(bridge: &Bridge, agent: &str, id: &str) -> usize {
     bridge
