@@ -1022,7 +1022,8 @@ fn an_inbox_restored_and_written_on_to_the_same_length_is_not_taken_for_the_old(
 /// line judged after it, found by its bytes, say it is the same inbox and nothing is judged
 /// again. A file with another message there is a new generation, its message accepted, even
 /// when the refused line after it is the same (a refused line's bytes, `not json`, can be
-/// any file's); so is one whose refused line is another, or became a message.
+/// any file's); so is one whose refused line is another, or became a message. A run of lines
+/// that name nobody, refused as one, is known again line by line the same way.
 #[test]
 fn an_inbox_whose_mark_was_lost_is_known_by_its_last_lines_judged_and_only_by_them() {
     #[derive(Debug, Clone, Copy, PartialEq)]
@@ -1033,6 +1034,8 @@ fn an_inbox_whose_mark_was_lost_is_known_by_its_last_lines_judged_and_only_by_th
         OtherLineThenRefused,
         RefusedChanged,
         RefusedAfter,
+        SameAfterRun,
+        RunChanged,
     }
     for case in [
         Case::Same,
@@ -1041,21 +1044,21 @@ fn an_inbox_whose_mark_was_lost_is_known_by_its_last_lines_judged_and_only_by_th
         Case::OtherLineThenRefused,
         Case::RefusedChanged,
         Case::RefusedAfter,
+        Case::SameAfterRun,
+        Case::RunChanged,
     ] {
         let bridge = Bridge::with_agents(&["web", "human"]);
         let id = bridge.send("human", "web", "ok");
-        if matches!(
-            case,
-            Case::SameAfterRefused
-                | Case::OtherLineThenRefused
-                | Case::RefusedChanged
-                | Case::RefusedAfter
-        ) {
-            bridge.append_raw("web", b"not json\n");
-        }
+        let after: &[u8] = match case {
+            Case::Same | Case::OtherLine => b"",
+            // Lines that name nobody, refused as one run.
+            Case::SameAfterRun | Case::RunChanged => b"not json\n\n{}\nnot json\n",
+            _ => b"not json\n",
+        };
+        bridge.append_raw("web", after);
         bridge.doorbell(&["daemon", "--once"]).ok();
-        let journal_path = bridge.dir().join(".doorbell/journal.jsonl");
-        let journal = std::fs::read_to_string(&journal_path).unwrap();
+        let journal =
+            std::fs::read_to_string(bridge.dir().join(".doorbell/journal.jsonl")).unwrap();
         let last = journal.lines().last().unwrap();
         let record: serde_json::Value = serde_json::from_str(last).unwrap();
         assert_eq!(
@@ -1070,7 +1073,13 @@ fn an_inbox_whose_mark_was_lost_is_known_by_its_last_lines_judged_and_only_by_th
         let bytes = std::fs::read_to_string(&inbox).unwrap();
         // What is put in the inbox's place, as a new file.
         let (replaced, new) = match case {
-            Case::Same | Case::SameAfterRefused => (None, None),
+            Case::Same | Case::SameAfterRefused | Case::SameAfterRun => (None, None),
+            Case::RunChanged => {
+                // The run's last line another of the same length.
+                let at = bytes.rfind("not json\n").unwrap();
+                let changed = format!("{}NOT JSON\n", &bytes[..at]);
+                (Some(changed), Some(id.clone()))
+            }
             Case::OtherLine | Case::OtherLineThenRefused => {
                 // Another message of the same length where the last one was.
                 let last = if id.ends_with('X') { 'Y' } else { 'X' };
@@ -1096,18 +1105,13 @@ fn an_inbox_whose_mark_was_lost_is_known_by_its_last_lines_judged_and_only_by_th
             std::fs::write(&path, replaced).unwrap();
             std::fs::rename(&path, &inbox).unwrap();
         }
-        // The last record lost, and the index that held what it said.
-        let cut = journal.len() - last.len() - 1;
-        std::fs::write(&journal_path, &journal[..cut]).unwrap();
-        for file in ["index.db", "index.db-wal", "index.db-shm"] {
-            let _ = std::fs::remove_file(bridge.dir().join(".doorbell").join(file));
-        }
+        lose_the_journals_last_record(&bridge);
         let once = bridge.doorbell(&["daemon", "--once"]);
         assert_eq!(once.code, 0, "{once:?}");
         let gens = generations(&bridge, "web");
         let read = bridge.read_ids("web");
         match (case, new) {
-            (Case::Same | Case::SameAfterRefused, _) | (_, None) => {
+            (Case::Same | Case::SameAfterRefused | Case::SameAfterRun, _) | (_, None) => {
                 assert_eq!(gens, [0].into(), "the same inbox: {}", once.stderr);
                 assert_eq!(read, [id], "shown once");
             }
@@ -1115,7 +1119,7 @@ fn an_inbox_whose_mark_was_lost_is_known_by_its_last_lines_judged_and_only_by_th
                 assert_eq!(gens, [0, 1].into(), "a new generation: {}", once.stderr);
                 assert_eq!(read, [other], "the new file's message");
             }
-            (Case::RefusedChanged, Some(_)) => {
+            (Case::RefusedChanged | Case::RunChanged, Some(_)) => {
                 assert_eq!(gens, [0, 1].into(), "a new generation: {}", once.stderr);
                 assert_eq!(read, [id], "the message once: {}", once.stderr);
             }
@@ -1166,12 +1170,8 @@ fn an_inbox_whose_newest_mark_was_lost_is_known_by_the_lines_judged_since_the_ma
             std::fs::rename(&path, &inbox).unwrap();
             expected[1] = replacement;
         }
-        // The last record, the newest mark, lost, and the index that held what it said.
-        let cut = journal.len() - last.len() - 1;
-        std::fs::write(&journal_path, &journal[..cut]).unwrap();
-        for file in ["index.db", "index.db-wal", "index.db-shm"] {
-            let _ = std::fs::remove_file(bridge.dir().join(".doorbell").join(file));
-        }
+        // The last record, the newest mark, lost.
+        lose_the_journals_last_record(&bridge);
         let once = bridge.doorbell(&["daemon", "--once"]);
         assert_eq!(once.code, 0, "{once:?}");
         let gens = generations(&bridge, "web");
@@ -1183,6 +1183,17 @@ fn an_inbox_whose_newest_mark_was_lost_is_known_by_the_lines_judged_since_the_ma
             "each message once: {}",
             once.stderr
         );
+    }
+}
+
+/// The journal's last record lost, and the index that held what it said.
+fn lose_the_journals_last_record(bridge: &Bridge) {
+    let path = bridge.dir().join(".doorbell/journal.jsonl");
+    let journal = std::fs::read_to_string(&path).unwrap();
+    let last = journal.lines().last().unwrap();
+    std::fs::write(&path, &journal[..journal.len() - last.len() - 1]).unwrap();
+    for file in ["index.db", "index.db-wal", "index.db-shm"] {
+        let _ = std::fs::remove_file(bridge.dir().join(".doorbell").join(file));
     }
 }
 

@@ -490,6 +490,38 @@ fn no_line_of_a_refused_run_of_lines_that_name_nobody_is_shown() {
     assert!(!read.stderr.contains("no longer reads"), "{read:?}");
 }
 
+/// A reader whose cursor lies inside a run judged as one (its lines judged one sweep at a
+/// time, then together again after the journal was lost) passes over the rest of the run.
+#[test]
+fn a_cursor_inside_a_run_of_lines_that_name_nobody_shows_none_of_it() {
+    let bridge = Bridge::with_agents(&["web", "design"]);
+    let first = line("01BEFORERUN", "design", "web", "note", "");
+    bridge.append_raw("web", format!("{first}\n1\n").as_bytes());
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    assert_eq!(ids(&bridge.read_json("web", &[])), ["01BEFORERUN"]);
+    let after = line("01AFTERRUN", "design", "web", "note", "");
+    bridge.append_raw("web", format!("{{}}\n{after}\n").as_bytes());
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    for file in ["journal.jsonl", "index.db", "index.db-wal", "index.db-shm"] {
+        let _ = std::fs::remove_file(bridge.dir().join(".doorbell").join(file));
+    }
+    bridge.doorbell(&["daemon", "--once"]).ok();
+    let runs: Vec<_> = bridge
+        .verdicts()
+        .into_iter()
+        .filter(|(_, _, verdict, _)| verdict == "refused")
+        .collect();
+    assert_eq!(runs.len(), 1, "judged again as one run: {runs:?}");
+    let read = bridge.doorbell(&["read", "web", "--json"]);
+    let shown: Vec<serde_json::Value> = read
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(ids(&shown), ["01AFTERRUN"], "{read:?}");
+    assert!(!read.stderr.contains("no longer reads"), "{read:?}");
+}
+
 /// `.doorbell/reads/` (the reader locks, the read logs) made a symlink is never written
 /// through: a reader stops with an error that names it, shows nothing and moves nothing, and
 /// once it is a folder again the message is there.

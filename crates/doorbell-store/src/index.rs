@@ -964,7 +964,8 @@ impl Index {
     }
 
     /// The lines not accepted in `inbox`'s generation `gen` that start between `from` and
-    /// `to`: each one's offset and span.
+    /// `to`, and the one before `from` (a run of refusals judged as one may go on past it):
+    /// each one's offset and span.
     pub fn others_between(
         &self,
         inbox: &str,
@@ -974,7 +975,8 @@ impl Index {
     ) -> Result<Vec<(u64, u64)>> {
         let rows = self.others_where(
             "SELECT inbox, gen, offset, span, verdict, seen_at, id, sender, reason, detail, sum \
-             FROM others WHERE inbox = ?1 AND gen = ?2 AND offset >= ?3 AND offset < ?4",
+             FROM others WHERE inbox = ?1 AND gen = ?2 AND offset < ?4 AND offset >= coalesce(\
+             (SELECT max(offset) FROM others WHERE inbox = ?1 AND gen = ?2 AND offset < ?3), ?3)",
             params![inbox, gen, to_sql(from), to_sql(to)],
         )?;
         Ok(rows

@@ -140,6 +140,15 @@ pub struct Record {
     /// offset when the mark after it was lost (see [`InboxJournal::last_line`]).
     #[serde(rename = "h", default, skip_serializing_if = "Option::is_none")]
     pub hash: Option<u64>,
+    /// A run of lines that name nobody refused as one (see the judge's `unnamed`): how many
+    /// lines it holds. Its `hash` folds theirs in order, as [`LastLine::chained`] does.
+    #[serde(rename = "l", default, skip_serializing_if = "at_most_one")]
+    pub lines: u64,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's `skip_serializing_if` passes a reference
+fn at_most_one(n: &u64) -> bool {
+    *n <= 1
 }
 
 /// What an inbox's reader had not read when a new file replaced the inbox's file.
@@ -237,6 +246,7 @@ impl Record {
             unread_from: None,
             reader_cursor: None,
             hash: None,
+            lines: 0,
         }
     }
 
@@ -306,30 +316,61 @@ pub struct LastLine {
     pub end: u64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub chain: u64,
-    /// A line behind it cannot be known again (a run of blank lines, an over-long line, a
-    /// verdict out of the inbox's order): nothing after the accepted line is evidence.
+    /// A line behind it cannot be known again (an over-long line, a verdict out of the
+    /// inbox's order): nothing after the accepted line is evidence.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub broken: bool,
+    /// `chain` folds the lines' hashes as [`LastLine::chained`] does now. A chain made
+    /// before (another fold, which a run of lines judged as one could not follow) is no
+    /// evidence past the accepted line.
+    #[serde(rename = "folded", default)]
+    pub folded: bool,
 }
 
+/// The multiplier of the chain's fold: odd, so that no line's hash is lost from it.
+const FOLD: u64 = 0x9E37_79B9_7F4A_7C15;
+
 impl LastLine {
-    /// The chain of hashes `chain`, with the line whose bytes hash to `hash` after it.
+    /// The chain of hashes `chain`, with the line whose bytes hash to `hash` after it. A
+    /// polynomial fold, so that a run of lines judged as one can carry its own lines' fold
+    /// ([`LastLine::chained_run`]) and extend a chain as they would one by one.
     #[must_use]
     pub fn chained(chain: u64, hash: u64) -> u64 {
-        let mut bytes = [0u8; 16];
-        bytes[..8].copy_from_slice(&chain.to_le_bytes());
-        bytes[8..].copy_from_slice(&hash.to_le_bytes());
-        xxhash_rust::xxh3::xxh3_64(&bytes)
+        chain.wrapping_mul(FOLD).wrapping_add(hash)
+    }
+
+    /// The chain `chain` with a run of `lines` lines after it whose own fold, from 0, is
+    /// `hash`.
+    #[must_use]
+    pub fn chained_run(chain: u64, hash: u64, lines: u64) -> u64 {
+        let mut power = 1u64;
+        let (mut base, mut exponent) = (FOLD, lines);
+        while exponent > 0 {
+            if exponent & 1 == 1 {
+                power = power.wrapping_mul(base);
+            }
+            base = base.wrapping_mul(base);
+            exponent >>= 1;
+        }
+        chain.wrapping_mul(power).wrapping_add(hash)
+    }
+
+    /// Whether the lines after the accepted one can be told by `chain`.
+    #[must_use]
+    pub fn knows_what_follows(&self) -> bool {
+        !self.broken && (self.folded || self.end == self.offset.saturating_add(self.span))
     }
 
     /// Apply the verdict on the line at `offset` (`span` bytes): an accepted one's
-    /// `fingerprint`, or the `hash` of another's bytes.
+    /// `fingerprint`, or the `hash` of another's bytes (of its `lines` lines' fold, for a
+    /// run judged as one).
     fn after(
         last: &mut Option<LastLine>,
         offset: u64,
         span: u64,
         fingerprint: Option<u64>,
         hash: Option<u64>,
+        lines: u64,
     ) {
         if let Some(fingerprint) = fingerprint {
             if last.is_none_or(|l| l.offset < offset) {
@@ -340,6 +381,7 @@ impl LastLine {
                     end: offset.saturating_add(span),
                     chain: 0,
                     broken: false,
+                    folded: true,
                 });
             }
             return;
@@ -348,9 +390,10 @@ impl LastLine {
             return;
         };
         match hash {
-            Some(hash) if !line.broken && offset == line.end => {
-                line.chain = LastLine::chained(line.chain, hash);
+            Some(hash) if line.knows_what_follows() && offset == line.end => {
+                line.chain = LastLine::chained_run(line.chain, hash, lines.max(1));
                 line.end = offset.saturating_add(span);
+                line.folded = true;
             }
             _ => line.broken = true,
         }
@@ -475,6 +518,7 @@ impl InboxJournal {
                     record.span,
                     record.line.as_ref().map(|line| line.fingerprint),
                     record.hash,
+                    record.lines,
                 );
                 self.add(record.offset, record.span);
                 true
@@ -1591,11 +1635,43 @@ mod tests {
 
     /// The lines a copy carries are those its records judge, each once, with the bytes of
     /// the accepted ones; a copy let go for its size carries none of the lines it let go.
+    /// A run of lines refused as one carries the fold of its lines' hashes: it extends a
+    /// chain exactly as the lines read back one by one do. A chain saved before this fold
+    /// is no evidence past its accepted line.
+    #[test]
+    fn a_runs_fold_extends_a_chain_as_its_lines_one_by_one() {
+        let hashes = [3u64, 0xdead_beef, 7, u64::MAX, 0];
+        let by_line = hashes.iter().fold(11, |c, h| LastLine::chained(c, *h));
+        let run = hashes.iter().fold(0, |c, h| LastLine::chained(c, *h));
+        assert_eq!(LastLine::chained_run(11, run, 5), by_line);
+        assert_ne!(LastLine::chained_run(11, run, 4), by_line);
+        assert_eq!(LastLine::chained_run(11, 3, 1), LastLine::chained(11, 3));
+        let mut last = None;
+        LastLine::after(&mut last, 0, 10, Some(7), None, 0);
+        LastLine::after(&mut last, 10, 20, None, Some(run), 5);
+        let line = last.unwrap();
+        assert_eq!(
+            (line.end, line.chain),
+            (30, LastLine::chained_run(0, run, 5))
+        );
+        assert!(line.knows_what_follows());
+        let saved: LastLine =
+            serde_json::from_str(r#"{"offset":0,"span":10,"fingerprint":7,"end":30,"chain":99}"#)
+                .unwrap();
+        assert!(!saved.knows_what_follows(), "a chain of the fold before");
+        let mut saved = Some(saved);
+        LastLine::after(&mut saved, 30, 5, None, Some(1), 1);
+        assert!(saved.is_some_and(|l| l.broken), "{saved:?}");
+        let fresh: LastLine =
+            serde_json::from_str(r#"{"offset":0,"span":10,"fingerprint":7,"end":10}"#).unwrap();
+        assert!(fresh.knows_what_follows(), "nothing after it yet");
+    }
+
     #[test]
     fn the_last_lines_judged_chain_behind_an_accepted_line_and_break_where_one_cannot_be_known() {
         let mut last = None;
         let after = |last: &mut Option<LastLine>, offset, span, fp, hash| {
-            LastLine::after(last, offset, span, fp, hash);
+            LastLine::after(last, offset, span, fp, hash, 1);
             last.map(|l: LastLine| (l.offset, l.end, l.chain, l.broken))
         };
         // A refused line before any accepted one is no evidence.

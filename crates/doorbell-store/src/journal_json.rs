@@ -36,6 +36,7 @@ pub(crate) fn write_plain(out: &mut Vec<u8>, record: &Record) -> bool {
         unread_from,
         reader_cursor,
         hash,
+        lines,
     } = record;
     let plain = *version == crate::journal::RECORD_VERSION
         && reason.is_none()
@@ -52,6 +53,7 @@ pub(crate) fn write_plain(out: &mut Vec<u8>, record: &Record) -> bool {
         && unread_from.is_none()
         && reader_cursor.is_none()
         && hash.is_none()
+        && *lines <= 1
         && matches!(verdict, Word::Accepted | Word::Duplicate | Word::Refused);
     if !plain {
         return false;

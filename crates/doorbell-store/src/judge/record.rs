@@ -22,6 +22,18 @@ pub struct PendingCheckpoint {
     index_path: PathBuf,
 }
 
+/// What a verdict knows of the bytes it is on, to know them again where they are (see
+/// [`crate::journal::LastLine`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Bytes<'a> {
+    /// One line's, its `\n` not included.
+    Line(&'a [u8]),
+    /// A run of lines judged as one: the fold of their hashes, and how many there are.
+    Run { hash: u64, lines: u64 },
+    /// Not kept: an over-long line.
+    Unknown,
+}
+
 impl PendingCheckpoint {
     /// The index it is saved into.
     #[must_use]
@@ -221,7 +233,7 @@ impl Judge {
         gen: u32,
         offset: u64,
         span: u64,
-        bytes: Option<&[u8]>,
+        bytes: Bytes<'_>,
         verdict: &Verdict,
         identity: Option<(Option<String>, Option<String>)>,
         accepted: Option<Accepted>,
@@ -259,7 +271,11 @@ impl Judge {
         }
         record.line = accepted;
         if record.line.is_none() {
-            record.hash = bytes.map(xxhash_rust::xxh3::xxh3_64);
+            (record.hash, record.lines) = match bytes {
+                Bytes::Line(bytes) => (Some(xxhash_rust::xxh3::xxh3_64(bytes)), 0),
+                Bytes::Run { hash, lines } => (Some(hash), lines),
+                Bytes::Unknown => (None, 0),
+            };
         }
         // A verdict that rests on a lookup the index failed to answer is never journaled:
         // the judge stops, the index is rebuilt, and the line judged again.
@@ -276,8 +292,12 @@ impl Judge {
         self.journal.append(&record)?;
         // Who prints for a watch prints an accepted line as it was judged, without reading
         // the inbox again.
+        let line = match bytes {
+            Bytes::Line(bytes) => Some(bytes),
+            Bytes::Run { .. } | Bytes::Unknown => None,
+        };
         self.journal
-            .copy_line(name, gen, offset, span, word == Word::Accepted, bytes);
+            .copy_line(name, gen, offset, span, word == Word::Accepted, line);
         self.refused_log.log(&record);
         self.snapshot.apply(record);
         // A long catch-up saves as it goes: memory holds a batch or two, never the whole

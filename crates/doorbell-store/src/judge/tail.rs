@@ -10,6 +10,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use doorbell_core::{Refusal, RefusalReason, Verdict};
 
+use super::record::Bytes;
 use super::unnamed::Unnamed;
 use super::verdicts::{identity_of, names_reserved_id};
 use super::{CatchUp, HeldLines, Judge};
@@ -24,8 +25,8 @@ use crate::{Error, Result};
 pub(super) const OPEN_FILES: usize = 256;
 
 /// Whether the line at `offset` lies within a verdict already journaled past where judging
-/// stopped: at one of its offsets, or inside a blank run judged as one.
-fn covered(beyond: &std::collections::BTreeMap<u64, u64>, offset: u64) -> bool {
+/// stopped: at one of its offsets, or inside a run of lines that name nobody judged as one.
+pub(super) fn covered(beyond: &std::collections::BTreeMap<u64, u64>, offset: u64) -> bool {
     beyond
         .range(..=offset)
         .next_back()
@@ -329,7 +330,9 @@ impl Judge {
                 }
                 if let Line::Complete { offset, bytes } = &line {
                     if !covered(&beyond, *offset) && !holding.contains(offset) {
-                        if let Some(nameless) = Unnamed::refused(bytes, &mut parsed, name, limits) {
+                        let nameless = Unnamed::refused(bytes, &mut parsed, name, limits)
+                            .filter(|_| !held.takes_turn(name, gen, *offset));
+                        if let Some(nameless) = nameless {
                             let before = Unnamed::join(&mut run, *offset, bytes, nameless);
                             return self.refuse_unnamed(name, gen, before, now, stats);
                         }
@@ -368,7 +371,7 @@ impl Judge {
                             gen,
                             offset,
                             len + 1,
-                            None,
+                            Bytes::Unknown,
                             &Verdict::Refused(refusal),
                             identity,
                             None,
@@ -490,7 +493,9 @@ impl Judge {
             known
                 .last_line
                 .filter(|line| {
-                    line.end == known.judged_to && !line.broken && known.judged_beyond.is_empty()
+                    line.end == known.judged_to
+                        && line.knows_what_follows()
+                        && known.judged_beyond.is_empty()
                 })
                 .and_then(|line| self.holds_lines(file, line))
                 .unwrap_or(!moved)

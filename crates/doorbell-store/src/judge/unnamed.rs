@@ -7,10 +7,12 @@
 use chrono::{DateTime, Utc};
 use doorbell_core::{judge_stateless, Limits, Refusal, RefusalReason, Verdict};
 
+use super::record::Bytes;
 use super::tail::is_blank;
 use super::verdicts::identity_of;
 use super::{CatchUp, Judge};
 use crate::halves::Parsed;
+use crate::journal::LastLine;
 use crate::Result;
 
 /// A line that names nobody.
@@ -28,9 +30,11 @@ pub(super) struct Unnamed {
     pub(super) start: u64,
     pub(super) end: u64,
     lines: u64,
-    /// The first line that is not blank: its refusal and, while it is the run's only line,
-    /// its bytes (a run of one is recorded as any refused line is).
-    first: Option<(Refusal, Option<Vec<u8>>)>,
+    /// The fold of the lines' hashes, as [`LastLine::chained`] folds them: the run can be
+    /// known again where it is, line by line, as the lines would be one by one.
+    hash: u64,
+    /// The first line that is not blank: why it was refused.
+    first: Option<Refusal>,
 }
 
 impl Unnamed {
@@ -78,22 +82,22 @@ impl Unnamed {
             Nameless::Refused(refusal) => Some(refusal),
         };
         let end = offset + bytes.len() as u64 + 1;
+        let hash = xxhash_rust::xxh3::xxh3_64(bytes);
         if let Some(run) = run.as_mut().filter(|run| run.end == offset) {
             run.end = end;
             run.lines += 1;
-            match (&mut run.first, refusal) {
-                (Some((_, bytes)), _) => *bytes = None,
-                (first @ None, Some(refusal)) => *first = Some((refusal, None)),
-                (None, None) => {}
+            run.hash = LastLine::chained(run.hash, hash);
+            if run.first.is_none() {
+                run.first = refusal;
             }
             return None;
         }
-        let first = refusal.map(|refusal| (refusal, Some(bytes.to_vec())));
         run.replace(Unnamed {
             start: offset,
             end,
             lines: 1,
-            first,
+            hash,
+            first: refusal,
         })
     }
 }
@@ -101,7 +105,7 @@ impl Unnamed {
 impl Judge {
     /// Record a run of lines that name nobody with one verdict: `bad-json` for blank lines
     /// alone, else the first other line's reason, its detail saying how many lines and bytes
-    /// the run holds.
+    /// the run holds (a run of one line is recorded as any refused line is).
     pub(super) fn refuse_unnamed(
         &mut self,
         name: &str,
@@ -114,44 +118,36 @@ impl Judge {
             start,
             end,
             lines,
+            hash,
             first,
         }) = run
         else {
             return Ok(());
         };
         let span = end - start;
-        let (refusal, bytes) = match first {
-            // One line alone: its own refusal, and the hash of its bytes (it can be known
-            // again where it is, see `LastLine`).
-            Some((refusal, Some(bytes))) => (refusal, Some(bytes)),
-            Some((first, None)) => {
+        let refusal = match first {
+            Some(only) if lines == 1 => only,
+            Some(first) => {
                 let detail = format!(
                     "{lines} lines in a row that name no sender ({span} bytes), the first refused: {}",
                     first.detail
                 );
-                (Refusal::new(first.reason, detail), None)
+                Refusal::new(first.reason, detail)
             }
-            None if span == 1 => (
-                Refusal::new(RefusalReason::BadJson, "blank line".to_owned()),
-                None,
-            ),
-            None => (
-                Refusal::new(
-                    RefusalReason::BadJson,
-                    format!("blank lines ({span} bytes)"),
-                ),
-                None,
+            None if span == 1 => Refusal::new(RefusalReason::BadJson, "blank line".to_owned()),
+            None => Refusal::new(
+                RefusalReason::BadJson,
+                format!("blank lines ({span} bytes)"),
             ),
         };
-        let identity = bytes.is_some().then_some((None, None));
         self.record(
             name,
             gen,
             start,
             span,
-            bytes.as_deref(),
+            Bytes::Run { hash, lines },
             &Verdict::Refused(refusal),
-            identity,
+            None,
             None,
             now,
             stats,

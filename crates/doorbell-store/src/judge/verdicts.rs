@@ -10,6 +10,7 @@ use doorbell_core::{
     is_agent_name, judge_parsed, judge_stateless, Envelope, Kind, Limits, RefusalReason, Verdict,
 };
 
+use super::record::Bytes;
 use super::{CatchUp, Judge};
 use crate::append::open_inbox;
 use crate::halves::Parsed;
@@ -96,6 +97,11 @@ impl HeldLines {
             .flatten()
             .chain(self.waiting.values())
             .any(|line| line.inbox == inbox && line.gen == gen)
+    }
+
+    /// Whether the line at this place takes a turn in this sweep (see [`Turns::takes_turn`]).
+    pub(super) fn takes_turn(&self, inbox: &str, gen: u32, offset: u64) -> bool {
+        self.turns.takes_turn(&(inbox.to_owned(), gen, offset))
     }
 
     /// Keep the line at `place` aside when it is a response whose turn has not come.
@@ -462,7 +468,7 @@ impl Judge {
             gen,
             offset,
             span,
-            Some(bytes),
+            Bytes::Line(bytes),
             &verdict,
             identity,
             accepted,
@@ -622,7 +628,7 @@ impl Judge {
             .iter()
             .map(|(_, _, _, _, judged)| {
                 let judged = *judged;
-                Box::new(move |offset| judged.is_some_and(|j| j.contains_key(&offset)))
+                Box::new(move |offset| judged.is_some_and(|j| super::tail::covered(j, offset)))
                     as Box<dyn Fn(u64) -> bool + Sync + '_>
             })
             .collect();
