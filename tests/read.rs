@@ -474,20 +474,7 @@ fn no_line_of_a_refused_run_of_lines_that_name_nobody_is_shown() {
         format!("1\n{nameless}\n{{}}\n\n{after}\n").as_bytes(),
     );
     bridge.doorbell(&["daemon", "--once"]).ok();
-    let refused: Vec<_> = bridge
-        .verdicts()
-        .into_iter()
-        .filter(|(_, _, verdict, _)| verdict == "refused")
-        .collect();
-    assert_eq!(refused.len(), 1, "one record for the run: {refused:?}");
-    let read = bridge.doorbell(&["read", "web", "--json"]);
-    let shown: Vec<serde_json::Value> = read
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(ids(&shown), ["01AFTERRUN"], "{read:?}");
-    assert!(!read.stderr.contains("no longer reads"), "{read:?}");
+    one_run_and_only_the_message_after_it_read(&bridge);
 }
 
 /// A reader whose cursor lies inside a run judged as one (its lines judged one sweep at a
@@ -506,12 +493,18 @@ fn a_cursor_inside_a_run_of_lines_that_name_nobody_shows_none_of_it() {
         let _ = std::fs::remove_file(bridge.dir().join(".doorbell").join(file));
     }
     bridge.doorbell(&["daemon", "--once"]).ok();
-    let runs: Vec<_> = bridge
+    one_run_and_only_the_message_after_it_read(&bridge);
+}
+
+/// web's refusals are one run, and `read` shows the message after it, `01AFTERRUN`, and
+/// nothing of the run: no line of it, and no warning that one no longer reads as a message.
+fn one_run_and_only_the_message_after_it_read(bridge: &Bridge) {
+    let refused: Vec<_> = bridge
         .verdicts()
         .into_iter()
         .filter(|(_, _, verdict, _)| verdict == "refused")
         .collect();
-    assert_eq!(runs.len(), 1, "judged again as one run: {runs:?}");
+    assert_eq!(refused.len(), 1, "one record for the run: {refused:?}");
     let read = bridge.doorbell(&["read", "web", "--json"]);
     let shown: Vec<serde_json::Value> = read
         .stdout
