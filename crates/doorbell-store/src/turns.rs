@@ -367,6 +367,11 @@ impl Turns {
         self.at.contains_key(place)
     }
 
+    /// Whether no line takes a turn in this sweep.
+    pub fn is_empty(&self) -> bool {
+        self.at.is_empty()
+    }
+
     pub fn may_judge(&self, place: &Place) -> bool {
         self.at.get(place).is_none_or(|turns| {
             turns.iter().all(|(key, _)| {

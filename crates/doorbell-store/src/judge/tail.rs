@@ -485,10 +485,9 @@ impl Judge {
         // judged after it found by the hash of its bytes: bytes judged and not compared
         // would be taken for the same unseen. Without either only the inode can say (and a
         // freed inode's number may come back as another file's).
-        // A mark behind where judging stands (the newest mark lost with the journal's last
-        // records, or a sweep stopped before it marked) knows the bytes up to itself only:
-        // the lines judged since are found by the same evidence, or the inode says (a file
-        // restored with another message after the older mark would have it passed over).
+        //
+        // The lines judged since the last line accepted, found again where they were (see
+        // `holds_lines`); `None` when they cannot be.
         let judged_since = || {
             known
                 .last_line
@@ -498,15 +497,18 @@ impl Judge {
                         && known.judged_beyond.is_empty()
                 })
                 .and_then(|line| self.holds_lines(file, line))
-                .unwrap_or(!moved)
         };
+        // A mark behind where judging stands (the newest mark lost with the journal's last
+        // records, or a sweep stopped before it marked) knows the bytes up to itself only:
+        // the lines judged since, when they can be found, must be there too (a file restored
+        // with another message after the older mark would have it passed over as judged).
         let same = meta.len() >= resume
             && match known.mark {
                 Some((offset, marker)) => {
                     marker.matches(file, offset).unwrap_or(false)
-                        && (offset >= known.judged_to || judged_since())
+                        && (offset >= known.judged_to || judged_since().unwrap_or(true))
                 }
-                None => judged_since(),
+                None => judged_since().unwrap_or(!moved),
             };
         if same && moved {
             let (gen, mark, last_line) = (known.gen, known.mark, known.last_line);

@@ -101,7 +101,7 @@ impl HeldLines {
 
     /// Whether the line at this place takes a turn in this sweep (see [`Turns::takes_turn`]).
     pub(super) fn takes_turn(&self, inbox: &str, gen: u32, offset: u64) -> bool {
-        self.turns.takes_turn(&(inbox.to_owned(), gen, offset))
+        !self.turns.is_empty() && self.turns.takes_turn(&(inbox.to_owned(), gen, offset))
     }
 
     /// Keep the line at `place` aside when it is a response whose turn has not come.
