@@ -1633,8 +1633,6 @@ mod tests {
         assert!(told.bytes.is_empty());
     }
 
-    /// The lines a copy carries are those its records judge, each once, with the bytes of
-    /// the accepted ones; a copy let go for its size carries none of the lines it let go.
     /// A run of lines refused as one carries the fold of its lines' hashes: it extends a
     /// chain exactly as the lines read back one by one do. A chain saved before this fold
     /// is no evidence past its accepted line.
@@ -1716,6 +1714,8 @@ mod tests {
         );
     }
 
+    /// The lines a copy carries are those its records judge, each once, with the bytes of
+    /// the accepted ones; a copy let go for its size carries none of the lines it let go.
     #[test]
     fn a_copy_carries_the_lines_its_records_judge_and_only_those() {
         let dir = tempfile::tempdir().unwrap();

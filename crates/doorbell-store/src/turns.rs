@@ -359,8 +359,6 @@ impl Turns {
         turns
     }
 
-    /// Whether the line at `place` may be judged now: it takes no turn, or its turn came in
-    /// every queue it is in.
     /// Whether the line at `place` takes a turn in this sweep: its verdict lets the next
     /// line of its queues go, so it is judged on its own, never inside a run of refusals.
     pub fn takes_turn(&self, place: &Place) -> bool {
@@ -372,6 +370,8 @@ impl Turns {
         self.at.is_empty()
     }
 
+    /// Whether the line at `place` may be judged now: it takes no turn, or its turn came in
+    /// every queue it is in.
     pub fn may_judge(&self, place: &Place) -> bool {
         self.at.get(place).is_none_or(|turns| {
             turns.iter().all(|(key, _)| {

@@ -493,7 +493,7 @@ impl View {
         not_accepted.extend(
             self.snapshot
                 .unsaved_others(agent, journal.gen)
-                .map(|o| (o.offset, o.span)),
+                .map(|o| (o.offset, o.span.max(1))),
         );
         Ok(Some(InboxView {
             agent: agent.to_owned(),
