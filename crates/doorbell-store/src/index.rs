@@ -1332,6 +1332,12 @@ impl IndexWriter {
         self.lookups_deferred = true;
     }
 
+    /// The index's file.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Whether the lookups wait for [`IndexWriter::finish`].
     #[must_use]
     pub fn lookups_deferred(&self) -> bool {

@@ -141,6 +141,9 @@ pub struct Judge {
     saved_len: u64,
     /// Saves checkpoints on another thread, for a long-running judge.
     saver: Option<crate::checkpoint::Saver>,
+    /// A new index's lookups, being made on a thread of their own while the first
+    /// catch-up writes its notices ([`Judge::lookups_made`]).
+    making_lookups: Option<record::MakingLookups>,
     /// Whether memory holds every open request (a long-running judge's, to ring them); a
     /// short one asks the index for those due.
     open_loaded: bool,
@@ -317,10 +320,11 @@ impl Judge {
         let before = self.journal.len();
         let mut stats = self.sweep_all(now)?;
         if self.index.lookups_deferred() {
-            // Everything judged goes into the new index before its lookups are made, and
-            // they are there before anything asks them (the requests due, first of all).
+            // Everything judged goes into the new index before its lookups are made. They
+            // are made beside the notices: nothing the notices ask needs them (the requests
+            // due are found without them), and they are there before the next save.
             self.checkpoint()?;
-            self.index.finish()?;
+            self.make_lookups()?;
         }
         let mut targets = self.emit(now, &mut stats)?;
         // Reading the notices back can find a refusal to tell in turn: a notice ends the
@@ -344,6 +348,7 @@ impl Judge {
                 "the seal key was missing or damaged (the state folder lost or restored without it): lines the judge sealed under its earlier key are taken as its own, so no ring, notice or escalation is written twice; lines written from now on must carry the new key's seal"
             );
         }
+        self.lookups_made()?;
         // Nothing journaled: nothing to make durable (a command's catch-up is mostly this).
         if self.journal.len() != before {
             self.journal.sync()?;

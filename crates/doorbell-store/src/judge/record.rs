@@ -34,6 +34,20 @@ pub(super) enum Bytes<'a> {
     Unknown,
 }
 
+/// The thread making a new index's lookups ([`Judge::make_lookups`]). A judge dropped before
+/// it waited for them waits here: the next one to open the index must not find it busy.
+#[derive(Debug)]
+pub(super) struct MakingLookups(Option<std::thread::JoinHandle<Result<()>>>);
+
+impl Drop for MakingLookups {
+    fn drop(&mut self) {
+        if let Some(making) = self.0.take() {
+            // Whatever it met, the next open makes what is missing.
+            let _ = making.join();
+        }
+    }
+}
+
 impl PendingCheckpoint {
     /// The index it is saved into.
     #[must_use]
@@ -73,6 +87,7 @@ impl Judge {
     /// A save that failed is this call's error: memory no longer matches the index, and the
     /// judge must [`Judge::reload`] (the journal has everything the index missed).
     pub fn checkpoint_in_background(&mut self) -> Result<bool> {
+        self.lookups_made()?;
         let Some(saver) = &mut self.saver else {
             self.checkpoint()?;
             return Ok(true);
@@ -94,8 +109,36 @@ impl Judge {
         Ok(true)
     }
 
+    /// Make a new index's lookups on a thread of their own, with a connection of its own; the
+    /// next save waits for them ([`Judge::lookups_made`]). Where no thread can start, here.
+    pub(super) fn make_lookups(&mut self) -> Result<()> {
+        let path = self.index.path().to_path_buf();
+        let started = std::thread::Builder::new()
+            .name("lookups".into())
+            .spawn(move || IndexWriter::open(&path)?.finish());
+        match started {
+            Ok(making) => self.making_lookups = Some(MakingLookups(Some(making))),
+            Err(_) => self.index.finish()?,
+        }
+        Ok(())
+    }
+
+    /// Wait for the lookups being made, if they are: a save never contends with them for
+    /// the index's write lock. Then the writer knows them made.
+    pub(super) fn lookups_made(&mut self) -> Result<()> {
+        let Some(making) = self.making_lookups.take().and_then(|mut m| m.0.take()) else {
+            return Ok(());
+        };
+        making
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+        // They are all there: nothing is written.
+        self.index.finish()
+    }
+
     /// Wait for the checkpoint the saving thread has in flight, if any.
     pub fn settle(&mut self) -> Result<()> {
+        self.lookups_made()?;
         if let Some((result, saved)) = self
             .saver
             .as_mut()
