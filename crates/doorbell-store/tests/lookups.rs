@@ -150,3 +150,97 @@ fn a_thread_is_found_whole_through_its_first_id_and_a_lookup_of_the_rest() {
         .unwrap();
     assert!(partial, "only messages of a thread another began");
 }
+
+/// Fill a new index's tables behind the judge's back (rows the judge never reads), so that
+/// making its lookups takes a while: what a real backlog of hundreds of thousands does.
+fn fill_index(bridge: &Bridge, rows: u64) {
+    let conn = rusqlite::Connection::open(index_path(&bridge.state_dir().unwrap())).unwrap();
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .unwrap();
+    let tx = conn.unchecked_transaction().unwrap();
+    {
+        let mut message = tx
+            .prepare(
+                "INSERT INTO messages(id, inbox, gen, offset, span, seen_at, seq, sender, kind, \
+                 correlates_to, context_id, state, fingerprint, sum) \
+                 VALUES (?1, 'zz', 0, ?2, 1, ?3, ?2, 'zz', 0, NULL, ?4, NULL, 0, 0)",
+            )
+            .unwrap();
+        let mut other = tx
+            .prepare(
+                "INSERT INTO others(inbox, gen, offset, span, verdict, seen_at, id, sender, \
+                 reason, detail, sum) VALUES ('zz', 0, ?1, 1, 'r', ?2, ?3, 'zz', 'x', 'x', 0)",
+            )
+            .unwrap();
+        for n in 0..rows {
+            let n = i64::try_from(n).unwrap();
+            let scrambled = (n * 7919) % 1_000_003;
+            message
+                .execute(rusqlite::params![
+                    format!("ZZ{n:012}"),
+                    n,
+                    scrambled,
+                    format!("ZC{scrambled:012}")
+                ])
+                .unwrap();
+            other
+                .execute(rusqlite::params![
+                    n,
+                    scrambled,
+                    format!("ZO{scrambled:012}")
+                ])
+                .unwrap();
+        }
+    }
+    tx.commit().unwrap();
+}
+
+/// A catch-up of a new index that fails after its lookups were started (here the journal
+/// cannot take the notice's intent), and the judge dropped: the next judge, which may take
+/// the bridge the moment it is let go, must find nobody writing the index.
+#[test]
+fn a_judge_dropped_while_its_lookups_are_made_lets_the_bridge_go_only_after_them() {
+    use doorbell_store::fault::{self, Fault};
+    let (_dir, bridge) = bridge();
+    // A line misaddressed by a station: its sender is owed a notice, which the catch-up
+    // journals (an intent) after it started the lookups.
+    let misaddressed = r#"{"id":"01MIS","from":"design","to":"web","kind":"note","createdAt":"2026-11-29T10:00:00Z","message":{"role":"agent","parts":[{"type":"text","text":"hi"}]}}"#;
+    bridge.add_agent("human").unwrap();
+    append_line(
+        &bridge.inbox_path("human").unwrap(),
+        misaddressed.as_bytes(),
+    )
+    .unwrap();
+    let mut judge = judge(&bridge);
+    fill_index(&bridge, 200_000);
+    // Everything judged now: the catch-up's own sweep journals nothing.
+    judge.sweep_all(Utc::now()).unwrap();
+    assert!(judge.has_untold(), "a notice is owed");
+    // The journal takes one more byte: the checkpoint before the lookups is saved (nothing to
+    // write, its sync goes through), the notice's intent is not.
+    let journal = doorbell_store::journal::journal_path(&bridge);
+    fault::inject(&journal, Fault::NoSpace, 1);
+    let dropping = std::thread::spawn(move || {
+        let failed = judge.catch_up(Utc::now());
+        drop(judge);
+        failed.map(|_| ())
+    });
+    // Whoever waits for the bridge (another command: `after_catch_ups`) takes it the moment
+    // it is free.
+    let lock = loop {
+        if let Some(lock) = BridgeLock::try_acquire(&bridge, "next").unwrap() {
+            break lock;
+        }
+        std::thread::yield_now();
+    };
+    let conn = rusqlite::Connection::open(index_path(&bridge.state_dir().unwrap())).unwrap();
+    conn.busy_timeout(std::time::Duration::ZERO).unwrap();
+    let writable = conn.execute_batch("BEGIN IMMEDIATE; COMMIT;");
+    let failed = dropping.join().unwrap();
+    fault::clear(&journal);
+    assert!(failed.is_err(), "the catch-up could not journal its intent");
+    drop(lock);
+    writable.expect(
+        "the bridge was let go while the dropped judge's thread still held the index's write lock",
+    );
+}

@@ -130,8 +130,10 @@ impl CatchUp {
 /// The bridge's judge: the lock, the journal and the state it rebuilds.
 #[derive(Debug)]
 pub struct Judge {
+    /// A new index's lookups, being made on a thread of their own while the first
+    /// catch-up writes its notices ([`Judge::lookups_made`]).
+    making_lookups: Option<record::MakingLookups>,
     bridge: Bridge,
-    lock: BridgeLock,
     journal_path: PathBuf,
     snapshot: Snapshot,
     journal: JournalWriter,
@@ -141,9 +143,6 @@ pub struct Judge {
     saved_len: u64,
     /// Saves checkpoints on another thread, for a long-running judge.
     saver: Option<crate::checkpoint::Saver>,
-    /// A new index's lookups, being made on a thread of their own while the first
-    /// catch-up writes its notices ([`Judge::lookups_made`]).
-    making_lookups: Option<record::MakingLookups>,
     /// Whether memory holds every open request (a long-running judge's, to ring them); a
     /// short one asks the index for those due.
     open_loaded: bool,
@@ -191,6 +190,9 @@ pub struct Judge {
     /// reserved id is taken as the judge's own, written under the key that is gone, and
     /// counted here. Lines written after that catch-up must verify.
     adopting: Option<usize>,
+    /// Last: fields are dropped in order, and a judge dropped lets the bridge go only once
+    /// nothing of it writes the index (its lookups' thread, its connections).
+    lock: BridgeLock,
 }
 
 impl Judge {

@@ -370,8 +370,8 @@ impl Judge {
     pub fn reload(&mut self) -> Result<()> {
         // What was buffered describes the state being thrown away: never write it. A save in
         // flight finishes first (its outcome no longer matters: the index is read again).
-        // Its outcome no longer matters either: the index read again makes what is missing.
-        let _ = self.lookups_made();
+        // Lookups being made finish first too (the index read again makes what is missing).
+        drop(self.making_lookups.take());
         if let Some(saver) = &mut self.saver {
             let _ = saver.settle();
             // Its connection may be to an index that is rebuilt now.

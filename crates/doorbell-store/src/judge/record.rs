@@ -34,8 +34,9 @@ pub(super) enum Bytes<'a> {
     Unknown,
 }
 
-/// The thread making a new index's lookups ([`Judge::make_lookups`]). A judge dropped before
-/// it waited for them waits here: the next one to open the index must not find it busy.
+/// The thread making a new index's lookups ([`Judge::make_lookups`]). Dropped, it waits for
+/// them, whatever their outcome: a judge dropped before it asked for them (its catch-up
+/// failed half way), a reload, or an index about to be discarded.
 #[derive(Debug)]
 pub(super) struct MakingLookups(Option<std::thread::JoinHandle<Result<()>>>);
 
@@ -327,6 +328,9 @@ impl Judge {
             if let Some(saver) = &mut self.saver {
                 let _ = saver.settle();
             }
+            // Nor may the lookups' thread open the index once its files are gone: it would
+            // make an empty one, taken for the index at the next open.
+            drop(self.making_lookups.take());
             crate::checkpoint::discard(&crate::index::index_path(
                 self.bridge.state_dir()?.as_path(),
             ))?;
