@@ -88,6 +88,24 @@ pub struct Saver {
     in_flight: bool,
     /// Set once judging is live: the thread's next save gives way ([`yield_to_the_judge`]).
     give_way: Arc<AtomicBool>,
+    /// The thread, waited for when the saver is dropped.
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// A saver dropped (its judge dropped, or replaced in a reload) ends its thread and waits for
+/// it: a save still in flight, and the thread's connection, are done with the index before
+/// the judge lets the bridge go, so the next judge finds nobody writing it (nor an older
+/// change set landing after its own).
+impl Drop for Saver {
+    fn drop(&mut self) {
+        // The thread ends when nothing can hand it a checkpoint any more.
+        let (closed, _) = channel();
+        drop(std::mem::replace(&mut self.to_save, closed));
+        if let Some(thread) = self.thread.take() {
+            // A save that failed or panicked has nobody left to tell.
+            let _ = thread.join();
+        }
+    }
 }
 
 /// The saves of a live judge give way to it (and to the agents) whenever they contend for a
@@ -110,7 +128,7 @@ impl Saver {
         let (report, saved) = channel();
         let give_way = Arc::new(AtomicBool::new(false));
         let live = Arc::clone(&give_way);
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("checkpoint".into())
             .spawn(move || {
                 let mut yielded = false;
@@ -141,6 +159,7 @@ impl Saver {
             saved,
             in_flight: false,
             give_way,
+            thread: Some(thread),
         }
     }
 

@@ -3,9 +3,11 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use doorbell_store::append::append_line;
+use doorbell_store::index::index_path;
 use doorbell_store::{Bridge, BridgeLock, Config, Judge};
 
 fn note(id: &str) -> String {
@@ -140,4 +142,67 @@ fn a_new_file_after_a_sweep_stopped_behind_a_held_first_line_is_judged_whole() {
     assert_eq!(stats.accepted, 2, "{stats:?}");
     let view = doorbell_store::View::open(&bridge).unwrap();
     assert!(view.message("01NEWSECOND").unwrap().is_some());
+}
+
+/// A judge dropped while its saving thread has a batch in flight (a long catch-up that failed
+/// after it handed a batch over, `judge::once` or the daemon's start-up): the next judge, which
+/// may take the bridge the moment it is let go, must find nothing of the old one still writing
+/// the index. Here the save is kept in flight by a connection that holds the index's write
+/// lock until the bridge is free (what a slow save of 40,000 lines on a busy disk does).
+#[test]
+fn a_judge_dropped_with_a_save_in_flight_lets_the_bridge_go_only_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let bridge = Bridge::create(dir.path(), Config::default()).unwrap();
+    for agent in ["web", "design"] {
+        bridge.add_agent(agent).unwrap();
+    }
+    let inbox = bridge.inbox_path("web").unwrap();
+    append_line(&inbox, note("01FIRST").as_bytes()).unwrap();
+    let lock = BridgeLock::acquire(&bridge, "test").unwrap();
+    let mut judge = Judge::open(bridge.clone(), lock).unwrap();
+    judge.catch_up(Utc::now()).unwrap();
+    judge.checkpoint().unwrap();
+    judge.save_in_background();
+    append_line(&inbox, note("01LATE").as_bytes()).unwrap();
+    judge.sweep_all(Utc::now()).unwrap();
+
+    let index = index_path(&bridge.state_dir().unwrap());
+    let blocker = rusqlite::Connection::open(&index).unwrap();
+    let landed = |conn: &rusqlite::Connection| -> bool {
+        conn.query_row(
+            "SELECT count(*) FROM messages WHERE id = '01LATE'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap()
+            == 1
+    };
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    assert!(
+        judge.checkpoint_in_background().unwrap(),
+        "the batch is handed to the saving thread"
+    );
+    drop(judge);
+    let next = BridgeLock::try_acquire(&bridge, "next")
+        .unwrap()
+        .expect("the dropped judge let the bridge go");
+    let taken = Instant::now();
+    blocker.execute_batch("COMMIT").unwrap();
+    // A save still waiting for the index's lock takes it now: `SQLite`'s busy handler tries
+    // again within 100 ms. Watch for it, without sleeping, ten times as long.
+    let until = taken + Duration::from_secs(1);
+    let mut after = None;
+    while Instant::now() < until {
+        if landed(&blocker) {
+            after = Some(taken.elapsed());
+            break;
+        }
+        std::thread::yield_now();
+    }
+    drop(next);
+    assert!(
+        after.is_none(),
+        "the dropped judge's saving thread wrote its batch into the index {after:?} after the \
+         next judge took the bridge"
+    );
 }
