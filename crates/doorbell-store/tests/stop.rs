@@ -151,15 +151,8 @@ fn a_new_file_after_a_sweep_stopped_behind_a_held_first_line_is_judged_whole() {
 /// lock until the bridge is free (what a slow save of 40,000 lines on a busy disk does).
 #[test]
 fn a_judge_dropped_with_a_save_in_flight_lets_the_bridge_go_only_after_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let bridge = Bridge::create(dir.path(), Config::default()).unwrap();
-    for agent in ["web", "design"] {
-        bridge.add_agent(agent).unwrap();
-    }
-    let inbox = bridge.inbox_path("web").unwrap();
+    let (_dir, bridge, mut judge, inbox) = judged_empty();
     append_line(&inbox, note("01FIRST").as_bytes()).unwrap();
-    let lock = BridgeLock::acquire(&bridge, "test").unwrap();
-    let mut judge = Judge::open(bridge.clone(), lock).unwrap();
     judge.catch_up(Utc::now()).unwrap();
     judge.checkpoint().unwrap();
     judge.save_in_background();
