@@ -1,25 +1,28 @@
 //! The floor under a catch-up, for `scripts/bench`: reading, judging and journaling inbox
 //! files with nearly all of the judge's work left out. Every line goes through the judge's
-//! own stateless half (framing, UTF-8, the envelope, the fingerprint) on every core; then, on
-//! one thread, in one order, a bare ledger (an id is taken once; a request stays open until
-//! an answer in a final state), a compact journal record per line, and the accepted ids
-//! sorted into one index file. Both files are synced once, at the end.
+//! own stateless half (framing, UTF-8, the envelope, the fingerprint) on every core, a chunk
+//! of each inbox in turn; then, on one thread, in one order, a bare ledger (an id is taken
+//! once; an answer waits for its request to be read, and needs it open; a final answer
+//! closes it), a compact journal record per line, and the accepted ids sorted into one index
+//! file. Both files are synced once, at the end.
 //!
-//! Left out: the stateful rules but those two, held lines and turns across inboxes, notices
-//! and rings, the index's lookups by thread and time, checkpoints, marks. So no judge that
-//! does its whole job runs a catch-up in less time on the same machine.
+//! Left out: every other stateful rule, the order of answers across inboxes (an answer read
+//! before an earlier one of the same request may be refused), notices and rings, the index's
+//! lookups by thread and time, checkpoints, marks. So no judge built on the same stateless
+//! half that does its whole job catches up in less time on the same machine; a faster
+//! stateless half would lower the floor too.
 //!
 //! `catchup_floor OUT_DIR INBOX…`: writes `OUT_DIR/floor-journal` and `OUT_DIR/floor-index`,
-//! and says on stderr how many lines it judged.
+//! and says on stderr what it judged.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::hash::BuildHasherDefault;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, PoisonError};
 
 use doorbell_core::{judge_stateless, Envelope, Kind, Limits, State};
 
@@ -105,13 +108,43 @@ fn main() -> std::io::Result<()> {
         eprintln!("usage: catchup_floor OUT_DIR INBOX...");
         std::process::exit(2);
     };
+    let judged = run(out, inboxes, CHUNK)?;
+    eprintln!(
+        "judged {} lines: {} accepted, {} refused; {} requests open",
+        judged.lines, judged.accepted, judged.refused, judged.open
+    );
+    Ok(())
+}
+
+/// What a run judged.
+#[derive(Debug, PartialEq, Eq)]
+struct Judged {
+    lines: u64,
+    accepted: u64,
+    refused: u64,
+    open: usize,
+}
+
+/// Judge `inboxes` into `out`, read in chunks of about `size` bytes: a chunk of each inbox
+/// in turn, as the judge reads a backlog in rounds.
+fn run(out: &Path, inboxes: &[PathBuf], size: u64) -> std::io::Result<Judged> {
     let files = inboxes
         .iter()
         .map(File::open)
         .collect::<std::io::Result<Vec<_>>>()?;
-    let mut chunks = Vec::new();
+    let mut each = Vec::new();
     for (at, file) in files.iter().enumerate() {
-        chunk(file, at, CHUNK, &mut chunks)?;
+        let mut chunks = Vec::new();
+        chunk(file, at, size, &mut chunks)?;
+        each.push(chunks.into_iter());
+    }
+    let mut chunks = Vec::new();
+    loop {
+        let before = chunks.len();
+        chunks.extend(each.iter_mut().filter_map(Iterator::next));
+        if chunks.len() == before {
+            break;
+        }
     }
     let owners: Vec<String> = inboxes.iter().map(|path| owner(path)).collect();
     let slots: Vec<Mutex<Option<std::io::Result<Parsed>>>> =
@@ -127,23 +160,31 @@ fn main() -> std::io::Result<()> {
                 let Some(&chunk) = chunks.get(at) else {
                     break;
                 };
-                let parsed = parse(&files[chunk.file], chunk, &owners[chunk.file]);
-                *slots[at].lock().unwrap() = Some(parsed);
+                // A helper that panics still fills its slot: the sequencer waits for it.
+                let parsed = std::panic::catch_unwind(|| {
+                    parse(&files[chunk.file], chunk, &owners[chunk.file])
+                })
+                .unwrap_or_else(|_| Err(std::io::Error::other("a helper panicked")));
+                *slots[at].lock().unwrap_or_else(PoisonError::into_inner) = Some(parsed);
                 ready.notify_all();
             });
         }
         for (slot, chunk) in slots.iter().zip(&chunks) {
-            let mut taken = slot.lock().unwrap();
+            let mut taken = slot.lock().unwrap_or_else(PoisonError::into_inner);
             let parsed = loop {
                 match taken.take() {
                     Some(parsed) => break parsed,
-                    None => taken = ready.wait(taken).unwrap(),
+                    None => taken = ready.wait(taken).unwrap_or_else(PoisonError::into_inner),
                 }
             };
             drop(taken);
-            sequencer.take(chunk, &parsed?)?;
+            if let Err(e) = parsed.and_then(|parsed| sequencer.take(chunk, &parsed)) {
+                // The helpers stop at their next chunk.
+                next.store(chunks.len(), Ordering::Relaxed);
+                return Err(e);
+            }
         }
-        Ok::<(), std::io::Error>(())
+        Ok(())
     })?;
     sequencer.finish(out)
 }
@@ -168,6 +209,10 @@ fn chunk(file: &File, at: usize, size: u64, chunks: &mut Vec<Chunk>) -> std::io:
         // Past the next line break (a line longer than the probe goes on to the next one).
         while end < len {
             let n = file.read_at(&mut probe, end)?;
+            if n == 0 {
+                // Shorter than it was a moment ago: it ends here.
+                break;
+            }
             if let Some(nl) = memchr::memchr(b'\n', &probe[..n]) {
                 end += nl as u64 + 1;
                 break;
@@ -215,15 +260,29 @@ fn summary(envelope: &Envelope<'_>, bytes: &[u8]) -> Summary {
     }
 }
 
+/// An answer read before its request: held until the request is read (or the end).
+struct Held {
+    file: usize,
+    offset: u64,
+    span: u64,
+    id: String,
+    id_hash: u64,
+    from: String,
+    last: bool,
+    fingerprint: u64,
+}
+
 /// The one thread that takes the lines in order.
 struct Sequencer {
     journal: BufWriter<File>,
     taken: Ids,
     open: Ids,
+    /// Answers to requests not read yet, by the request's id hash, in the order read.
+    held: HashMap<u64, Vec<Held>, BuildHasherDefault<Prehashed>>,
     /// Accepted ids: their hash, file, offset.
     rows: Vec<(u64, u32, u64)>,
     record: Vec<u8>,
-    judged: u64,
+    lines: u64,
     accepted: u64,
 }
 
@@ -233,9 +292,10 @@ impl Sequencer {
             journal: BufWriter::with_capacity(1 << 20, File::create(out.join("floor-journal"))?),
             taken: Ids::default(),
             open: Ids::default(),
+            held: HashMap::default(),
             rows: Vec::new(),
             record: Vec::with_capacity(256),
-            judged: 0,
+            lines: 0,
             accepted: 0,
         })
     }
@@ -243,53 +303,121 @@ impl Sequencer {
     fn take(&mut self, chunk: &Chunk, parsed: &Parsed) -> std::io::Result<()> {
         for (at, len, summary) in &parsed.lines {
             let offset = chunk.start + *at as u64;
-            self.judged += 1;
-            let verdict = summary.as_ref().and_then(|s| self.judge(s).then_some(s));
-            let r = &mut self.record;
-            r.clear();
-            r.extend_from_slice(b"{\"in\":");
-            r.extend_from_slice(itoa::Buffer::new().format(chunk.file).as_bytes());
-            r.extend_from_slice(b",\"o\":");
-            r.extend_from_slice(itoa::Buffer::new().format(offset).as_bytes());
-            r.extend_from_slice(b",\"n\":");
-            r.extend_from_slice(itoa::Buffer::new().format(len + 1).as_bytes());
-            match verdict {
-                Some(s) => {
-                    self.accepted += 1;
-                    r.extend_from_slice(b",\"v\":\"a\",\"id\":\"");
-                    r.extend_from_slice(s.id.in_chunk(&parsed.bytes));
-                    r.extend_from_slice(b"\",\"f\":\"");
-                    r.extend_from_slice(s.from.in_chunk(&parsed.bytes));
-                    r.extend_from_slice(b"\",\"fp\":");
-                    r.extend_from_slice(itoa::Buffer::new().format(s.fingerprint).as_bytes());
-                    let file = u32::try_from(chunk.file).unwrap_or(u32::MAX);
-                    self.rows.push((s.id_hash, file, offset));
-                }
-                None => r.extend_from_slice(b",\"v\":\"r\""),
+            let span = *len as u64 + 1;
+            self.lines += 1;
+            let Some(s) = summary else {
+                self.write(chunk.file, offset, span, None)?;
+                continue;
+            };
+            let id = s.id.in_chunk(&parsed.bytes);
+            let from = s.from.in_chunk(&parsed.bytes);
+            if self.taken.contains(&s.id_hash) {
+                self.write(chunk.file, offset, span, None)?;
+                continue;
             }
-            r.extend_from_slice(b"}\n");
-            self.journal.write_all(r)?;
+            match (s.kind, s.answers) {
+                (Kind::Response, Some(request)) if !self.taken.contains(&request) => {
+                    self.held.entry(request).or_default().push(Held {
+                        file: chunk.file,
+                        offset,
+                        span,
+                        id: String::from_utf8_lossy(id).into_owned(),
+                        id_hash: s.id_hash,
+                        from: String::from_utf8_lossy(from).into_owned(),
+                        last: s.last,
+                        fingerprint: s.fingerprint,
+                    });
+                }
+                (Kind::Response, Some(request)) => {
+                    let open = if s.last {
+                        self.open.remove(&request)
+                    } else {
+                        self.open.contains(&request)
+                    };
+                    let accepted = open.then_some((s.id_hash, id, from, s.fingerprint));
+                    self.write(chunk.file, offset, span, accepted)?;
+                }
+                (kind, _) => {
+                    let accepted = Some((s.id_hash, id, from, s.fingerprint));
+                    self.write(chunk.file, offset, span, accepted)?;
+                    if kind == Kind::Request {
+                        self.open.insert(s.id_hash);
+                        self.answers_held(s.id_hash)?;
+                    }
+                }
+            }
         }
         Ok(())
     }
 
-    /// The bare ledger: an id is taken once; an answer needs its request open.
-    fn judge(&mut self, s: &Summary) -> bool {
-        if !self.taken.insert(s.id_hash) {
-            return false;
+    /// Judge the answers held for `request`, now read, in the order they were read.
+    fn answers_held(&mut self, request: u64) -> std::io::Result<()> {
+        for held in self.held.remove(&request).unwrap_or_default() {
+            let open = !self.taken.contains(&held.id_hash)
+                && if held.last {
+                    self.open.remove(&request)
+                } else {
+                    self.open.contains(&request)
+                };
+            let accepted = open.then_some((
+                held.id_hash,
+                held.id.as_bytes(),
+                held.from.as_bytes(),
+                held.fingerprint,
+            ));
+            self.write(held.file, held.offset, held.span, accepted)?;
         }
-        match (s.kind, s.answers) {
-            (Kind::Request, _) => {
-                self.open.insert(s.id_hash);
-                true
-            }
-            (Kind::Response, Some(request)) if s.last => self.open.remove(&request),
-            (Kind::Response, Some(request)) => self.open.contains(&request),
-            _ => true,
-        }
+        Ok(())
     }
 
-    fn finish(mut self, out: &Path) -> std::io::Result<()> {
+    /// Journal the verdict on the line of `span` bytes at `offset` of inbox `file`: accepted
+    /// with its id's hash, id, sender and fingerprint, or refused. An accepted id is taken,
+    /// and indexed.
+    fn write(
+        &mut self,
+        file: usize,
+        offset: u64,
+        span: u64,
+        accepted: Option<(u64, &[u8], &[u8], u64)>,
+    ) -> std::io::Result<()> {
+        let r = &mut self.record;
+        r.clear();
+        r.extend_from_slice(b"{\"in\":");
+        r.extend_from_slice(itoa::Buffer::new().format(file).as_bytes());
+        r.extend_from_slice(b",\"o\":");
+        r.extend_from_slice(itoa::Buffer::new().format(offset).as_bytes());
+        r.extend_from_slice(b",\"n\":");
+        r.extend_from_slice(itoa::Buffer::new().format(span).as_bytes());
+        match accepted {
+            // Ids and agent names need no escaping: the stateless half checked their bytes.
+            Some((hash, id, from, fingerprint)) => {
+                self.accepted += 1;
+                self.taken.insert(hash);
+                r.extend_from_slice(b",\"v\":\"a\",\"id\":\"");
+                r.extend_from_slice(id);
+                r.extend_from_slice(b"\",\"f\":\"");
+                r.extend_from_slice(from);
+                r.extend_from_slice(b"\",\"fp\":");
+                r.extend_from_slice(itoa::Buffer::new().format(fingerprint).as_bytes());
+                let file = u32::try_from(file).unwrap_or(u32::MAX);
+                self.rows.push((hash, file, offset));
+            }
+            None => r.extend_from_slice(b",\"v\":\"r\""),
+        }
+        r.extend_from_slice(b"}\n");
+        self.journal.write_all(r)
+    }
+
+    /// Refuse the answers whose request never came, sync the journal, write the index.
+    fn finish(mut self, out: &Path) -> std::io::Result<Judged> {
+        let mut never: Vec<Held> = std::mem::take(&mut self.held)
+            .into_values()
+            .flatten()
+            .collect();
+        never.sort_by_key(|held| (held.file, held.offset));
+        for held in never {
+            self.write(held.file, held.offset, held.span, None)?;
+        }
         self.journal.flush()?;
         self.journal.get_ref().sync_data()?;
         self.rows.sort_unstable();
@@ -301,13 +429,12 @@ impl Sequencer {
         }
         index.flush()?;
         index.get_ref().sync_data()?;
-        eprintln!(
-            "judged {} lines: {} accepted, {} open requests",
-            self.judged,
-            self.accepted,
-            self.open.len()
-        );
-        Ok(())
+        Ok(Judged {
+            lines: self.lines,
+            accepted: self.accepted,
+            refused: self.lines - self.accepted,
+            open: self.open.len(),
+        })
     }
 }
 
@@ -315,11 +442,15 @@ impl Sequencer {
 mod tests {
     use std::io::Write;
 
-    use super::{chunk, parse, Chunk, Sequencer};
+    use super::{chunk, parse, Chunk, Judged, Sequencer};
 
     fn line(id: &str, kind: &str, more: &str) -> String {
+        line_to("web", id, kind, more)
+    }
+
+    fn line_to(to: &str, id: &str, kind: &str, more: &str) -> String {
         format!(
-            "{{\"id\":\"{id}\",\"from\":\"ops\",\"to\":\"web\",\"kind\":\"{kind}\",\"createdAt\":\"2026-12-01T00:00:00Z\",{more}\"message\":{{\"role\":\"agent\",\"parts\":[{{\"type\":\"text\",\"text\":\"hi\"}}]}}}}\n"
+            "{{\"id\":\"{id}\",\"from\":\"qa\",\"to\":\"{to}\",\"kind\":\"{kind}\",\"createdAt\":\"2026-12-01T00:00:00Z\",{more}\"message\":{{\"role\":\"agent\",\"parts\":[{{\"type\":\"text\",\"text\":\"hi\"}}]}}}}\n"
         )
     }
 
@@ -355,7 +486,7 @@ mod tests {
     }
 
     /// An id is taken once, an answer needs its request open, a final answer closes it; a
-    /// line that is no envelope and a last line without its break are refused or left.
+    /// line that is no envelope is refused, and a last line without its break is left.
     #[test]
     fn the_bare_ledger_judges_ids_and_answers_in_order() {
         let dir = tempfile::tempdir().unwrap();
@@ -398,20 +529,96 @@ mod tests {
         assert_eq!(parsed.lines.len(), 7, "the unfinished last line is left");
         let mut sequencer = Sequencer::new(dir.path()).unwrap();
         sequencer.take(&whole, &parsed).unwrap();
-        let (judged, accepted, open) = (sequencer.judged, sequencer.accepted, sequencer.open.len());
-        sequencer.finish(dir.path()).unwrap();
-        assert_eq!((judged, accepted, open), (7, 3, 0));
+        let judged = sequencer.finish(dir.path()).unwrap();
+        assert_eq!(
+            judged,
+            Judged {
+                lines: 7,
+                accepted: 3,
+                refused: 4,
+                open: 0
+            }
+        );
         let journal = std::fs::read_to_string(dir.path().join("floor-journal")).unwrap();
         let verdicts: Vec<&str> = journal
             .lines()
             .map(|l| if l.contains("\"v\":\"a\"") { "a" } else { "r" })
             .collect();
         assert_eq!(verdicts, ["a", "r", "r", "a", "a", "r", "r"]);
-        let index = std::fs::read(dir.path().join("floor-index")).unwrap();
+    }
+
+    /// Read in small chunks, a chunk of each inbox in turn, every line is journaled once at
+    /// its own offset and length; an answer read before its request (in another inbox) waits
+    /// for it; the index holds the accepted ids sorted by hash, each at its line.
+    #[test]
+    fn every_line_is_journaled_once_at_its_place_and_answers_wait_for_their_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut web = String::new();
+        let mut ops = String::new();
+        for i in 0..40 {
+            ops.push_str(&line_to("ops", &format!("n{i}"), "note", ""));
+            web.push_str(&line(&format!("m{i}"), "note", ""));
+        }
+        web.push_str(&line(
+            "a1",
+            "response",
+            "\"correlatesTo\":\"r1\",\"state\":\"completed\",",
+        ));
+        ops.push_str(&line_to("ops", "r1", "request", ""));
+        let paths = [
+            dir.path().join("web-inbox.jsonl"),
+            dir.path().join("ops-inbox.jsonl"),
+        ];
+        std::fs::write(&paths[0], &web).unwrap();
+        std::fs::write(&paths[1], &ops).unwrap();
+        let judged = super::run(dir.path(), &paths, 1000).unwrap();
         assert_eq!(
-            index.len(),
-            3 * 20,
-            "one row of hash, file and offset per accepted id"
+            judged,
+            Judged {
+                lines: 82,
+                accepted: 82,
+                refused: 0,
+                open: 0
+            }
         );
+        let files = [web.as_bytes(), ops.as_bytes()];
+        let journal = std::fs::read_to_string(dir.path().join("floor-journal")).unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        for record in journal.lines() {
+            let record: serde_json::Value = serde_json::from_str(record).unwrap();
+            let (file, offset, span) = (
+                record["in"].as_u64().unwrap() as usize,
+                record["o"].as_u64().unwrap() as usize,
+                record["n"].as_u64().unwrap() as usize,
+            );
+            let bytes = &files[file][offset..offset + span];
+            assert!(offset == 0 || files[file][offset - 1] == b'\n');
+            assert_eq!(bytes.iter().position(|&b| b == b'\n'), Some(span - 1));
+            let id = record["id"].as_str().unwrap();
+            assert!(std::str::from_utf8(bytes)
+                .unwrap()
+                .contains(&format!("\"id\":\"{id}\"")));
+            assert!(seen.insert((file, offset)), "journaled twice: {record}");
+        }
+        assert_eq!(seen.len(), 82);
+        let index = std::fs::read(dir.path().join("floor-index")).unwrap();
+        let rows: Vec<(u64, u32, u64)> = index
+            .chunks(20)
+            .map(|row| {
+                (
+                    u64::from_le_bytes(row[..8].try_into().unwrap()),
+                    u32::from_le_bytes(row[8..12].try_into().unwrap()),
+                    u64::from_le_bytes(row[12..].try_into().unwrap()),
+                )
+            })
+            .collect();
+        assert_eq!(rows.len(), 82);
+        assert!(rows.windows(2).all(|pair| pair[0] <= pair[1]), "sorted");
+        for (hash, file, offset) in rows {
+            let at = &files[file as usize][offset as usize..];
+            let id_at = at.iter().position(|&b| b == b',').unwrap();
+            let id = std::str::from_utf8(&at[7..id_at - 1]).unwrap();
+            assert_eq!(hash, xxhash_rust::xxh3::xxh3_64(id.as_bytes()), "{id}");
+        }
     }
 }
