@@ -565,3 +565,39 @@ mod depth_tests {
         assert!(!nests_deeper_than(&nested(128, 300), 128));
     }
 }
+
+#[cfg(test)]
+mod fingerprint_tests {
+    use crate::rules::judge_stateless;
+    use crate::Limits;
+
+    fn fingerprint(line: &str) -> u64 {
+        judge_stateless(line.as_bytes(), None, &Limits::default())
+            .unwrap_or_else(|refusal| panic!("{line}: {refusal:?}"))
+            .fingerprint
+    }
+
+    /// Fingerprints are on disk (the journal's records, the index, the last line a restore
+    /// is known by): they never change for the same message, whatever computes them.
+    #[test]
+    fn a_message_keeps_its_fingerprint() {
+        let long = "y".repeat(5000);
+        let cases = [
+            r#"{"id":"r1","from":"ops","to":"web","kind":"request","createdAt":"2026-12-01T00:00:00Z","replyBy":"2026-12-02T00:00:00Z","priority":2,"taskId":"t-1","message":{"role":"agent","parts":[{"type":"text","text":"hi"}]}}"#.to_owned(),
+            r#"{"id":"a1","from":"web","to":"ops","kind":"response","correlatesTo":"r1","contextId":"r1","state":"completed","createdAt":"2026-12-01T00:00:01Z","message":{"role":"agent","parts":[{"type":"data","data":{"n":[1,2]}},{"type":"file","file":{"name":"a.txt","mimeType":"text/plain","uri":"file:///a.txt"}}]}}"#.to_owned(),
+            r#"{"id":"n1","from":"ops","to":"web","kind":"note","contextId":"c9","createdAt":"2026-12-01T00:00:02Z","message":{"role":"user","parts":[{"type":"text","text":"a \"quoted\" \u00e9 line"}]}}"#.to_owned(),
+            format!(r#"{{"id":"n2","from":"ops","to":"web","kind":"note","createdAt":"2026-12-01T00:00:03Z","message":{{"role":"agent","parts":[{{"type":"text","text":"{long}"}}]}}}}"#),
+        ];
+        let got: Vec<u64> = cases.iter().map(|line| fingerprint(line)).collect();
+        // As the judge has made them since fingerprints were kept (checked 2026-12-07).
+        assert_eq!(
+            got,
+            [
+                15_061_175_651_850_893_270,
+                16_823_717_876_264_443_750,
+                13_001_147_014_994_796_474,
+                15_897_768_046_583_229_310
+            ]
+        );
+    }
+}
