@@ -7,6 +7,22 @@
 /// their names.
 pub const BUILTIN_LOOPS: [&str; 3] = ["bridge", "debt-loop", "report-loop"];
 
+/// Which bytes `|b| allowed` allows, as a table looked up at one load a byte: names and ids
+/// are checked on every line judged.
+macro_rules! byte_table {
+    (|$b:ident| $allowed:expr) => {{
+        let mut table = [false; 256];
+        let mut at = 0;
+        while at < 256 {
+            #[allow(clippy::cast_possible_truncation)]
+            let $b = at as u8;
+            table[at] = $allowed;
+            at += 1;
+        }
+        table
+    }};
+}
+
 /// Whether `name` is a valid agent name.
 #[must_use]
 pub fn is_agent_name(name: &str) -> bool {
@@ -16,19 +32,23 @@ pub fn is_agent_name(name: &str) -> bool {
     };
     bytes.len() <= 64
         && (first.is_ascii_lowercase() || first.is_ascii_digit())
-        && bytes[1..].iter().all(|b| {
-            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-')
-        })
+        && bytes[1..].iter().all(|&b| NAME_BYTES[usize::from(b)])
 }
+
+/// The bytes an agent's name goes on with: a-z 0-9 . _ -
+static NAME_BYTES: [bool; 256] = byte_table!(|b| b.is_ascii_lowercase()
+    || b.is_ascii_digit()
+    || matches!(b, b'.' | b'_' | b'-'));
 
 /// Whether `id` is a valid message id (reserved or not).
 #[must_use]
 pub fn is_id(id: &str) -> bool {
-    (1..=128).contains(&id.len())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+    (1..=128).contains(&id.len()) && id.bytes().all(|b| ID_BYTES[usize::from(b)])
 }
+
+/// The bytes an id is made of: A-Z a-z 0-9 . _ : -
+static ID_BYTES: [bool; 256] =
+    byte_table!(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
 
 /// Whether `id` belongs to the built-in loops (ULIDs never contain `:`).
 #[must_use]
@@ -45,6 +65,30 @@ pub fn is_builtin_loop(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every byte, one at a time: the tables allow exactly the bytes the grammar names, and
+    /// nothing past ASCII (a UTF-8 sequence's bytes included).
+    #[test]
+    fn names_and_ids_allow_exactly_their_bytes() {
+        let name_rest = "abcdefghijklmnopqrstuvwxyz0123456789._-";
+        let id = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-";
+        for b in 0..=255u8 {
+            let one = [b];
+            let text = std::str::from_utf8(&one).ok();
+            let allowed = |set: &str| set.as_bytes().contains(&b);
+            assert_eq!(
+                text.is_some_and(|t| is_id(&format!("x{t}"))),
+                allowed(id),
+                "id byte {b}"
+            );
+            assert_eq!(
+                text.is_some_and(|t| is_agent_name(&format!("x{t}"))),
+                allowed(name_rest),
+                "name byte {b}"
+            );
+        }
+        assert!(!is_id("é") && !is_agent_name("aé"), "not ASCII");
+    }
 
     #[test]
     fn agent_names() {
