@@ -1639,7 +1639,7 @@ fn a_watch_waiting_for_its_turn_reads_the_new_file_of_an_inbox_replaced_before_i
     let held = std::fs::File::create(reads.join("web.lock")).unwrap();
     held.lock().unwrap();
     let watch = crate::util::Watch::start(&bridge, "web");
-    bridge.wait_for(PATIENCE, "the watch to open web's inbox and lock", |_| {
+    crate::util::wait_in_proc(PATIENCE, "the watch to open web's inbox and lock", || {
         crate::util::has_open(watch.id(), "web-inbox.jsonl")
             && crate::util::has_open(watch.id(), "reads/web.lock")
     });
@@ -1704,10 +1704,10 @@ fn a_sender_waiting_for_the_lock_of_an_inbox_rotated_meanwhile_writes_to_the_new
             .spawn()
             .unwrap();
         let pid = sender.id();
-        bridge.wait_for(
+        crate::util::wait_in_proc(
             std::time::Duration::from_secs(20),
             "the sender to open the inbox and wait for its lock",
-            |_| holds_open(pid, &inbox, !script),
+            || holds_open(pid, &inbox, !script),
         );
         // Rotated while the sender waits: the old file renamed away, a new one in its place.
         let rotated = bridge.dir().join("design-inbox.jsonl.1");

@@ -297,14 +297,14 @@ fn a_cancelled_wait_lets_go_at_once() {
         "wait",
         &serde_json::json!({"ids": [id], "timeout_secs": 600}),
     );
-    bridge.wait_for(PATIENCE, "the wait to watch the folder", |_| {
+    crate::util::wait_in_proc(PATIENCE, "the wait to watch the folder", || {
         watches() > before
     });
     raw.say(
         &serde_json::json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
         "params": {"requestId": 2, "reason": "the user pressed Esc"}}),
     );
-    bridge.wait_for(PATIENCE, "the cancelled wait to let go", |_| {
+    crate::util::wait_in_proc(PATIENCE, "the cancelled wait to let go", || {
         watches() == before
     });
     raw.call(3, "status", &serde_json::json!({}));

@@ -659,14 +659,9 @@ fn a_read_that_waited_while_the_inbox_was_rewritten_in_place_shows_only_the_new_
         .spawn()
         .unwrap();
     // Nothing is written while it waits: its open lock file is looked for in /proc.
-    let deadline = std::time::Instant::now() + patience;
-    while !holds_open(reader.id(), &lock_path) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the read never waited for its turn"
-        );
-        std::thread::yield_now();
-    }
+    crate::util::wait_in_proc(patience, "the read to wait for its turn", || {
+        holds_open(reader.id(), &lock_path)
+    });
     // Meanwhile the inbox is emptied in place and written again.
     std::fs::write(bridge.inbox("web"), b"").unwrap();
     let refused = line("01MISADDRESSEDNEWLINE", "design", "design", "note", "");

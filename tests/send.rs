@@ -460,10 +460,10 @@ fn a_sender_that_waited_for_the_lock_stamps_its_line_after_the_lines_written_mea
         let mut sender = sender.spawn().unwrap();
         // The sender has its line and waits for the lock.
         let pid = sender.id();
-        bridge.wait_for(
+        crate::util::wait_in_proc(
             std::time::Duration::from_secs(20),
             "the sender to open web's inbox",
-            |_| crate::util::has_open(pid, "web-inbox.jsonl"),
+            || crate::util::has_open(pid, "web-inbox.jsonl"),
         );
         // Meanwhile the lock's holder writes its own line, stamped in a later millisecond
         // than any the sender could have stamped before it waited.

@@ -882,6 +882,23 @@ pub fn addressee_moves(state: &str) -> &'static [&'static str] {
     }
 }
 
+/// Block until `done` holds, looking again at once (`yield_now`) until it does; panic after
+/// `timeout`. For what another process does that makes no event in the folder (a file held
+/// open, a lock waited for), where [`Bridge::wait_for`] could sleep through it: the kernel
+/// tells of an open before the descriptor is in the process's table, and a lock's wait that
+/// follows makes no event.
+#[track_caller]
+pub fn wait_in_proc(timeout: std::time::Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::yield_now();
+    }
+}
+
 /// Whether process `pid` has a file open whose path ends with `name`.
 pub fn has_open(pid: u32, name: &str) -> bool {
     std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {

@@ -363,7 +363,7 @@ fn a_wait_on_a_broadcast_the_judge_has_not_read_yet_waits_for_its_answers() {
     let waiter = spawn(&bridge, &["wait", base, "--json", "--timeout", "60s"]);
     let pid = waiter.id();
     let patience = std::time::Duration::from_secs(20);
-    bridge.wait_for(patience, "the wait to have looked", |_| watches(pid) > 0);
+    crate::util::wait_in_proc(patience, "the wait to have looked", || watches(pid) > 0);
     daemon.signal("CONT");
     bridge.wait_for(patience, "the broadcast judged", |b| {
         b.verdicts().len() == 2
@@ -391,7 +391,7 @@ fn a_wait_on_a_broadcast_judged_in_two_sweeps_waits_for_every_request() {
     });
     let waiter = spawn(&bridge, &["wait", base, "--json", "--timeout", "60s"]);
     let pid = waiter.id();
-    bridge.wait_for(patience, "the wait to have looked", |_| watches(pid) > 0);
+    crate::util::wait_in_proc(patience, "the wait to have looked", || watches(pid) > 0);
     request("web");
     bridge.wait_for(patience, "web's request judged", |b| {
         b.verdicts().len() == 2
@@ -427,7 +427,7 @@ fn a_wait_judges_the_answer_a_killed_daemon_left_unjudged() {
     );
     let waiter = spawn(&bridge, &["wait", &id, "--json", "--timeout", "20s"]);
     let pid = waiter.id();
-    bridge.wait_for(patience, "the wait to have looked", |_| watches(pid) > 0);
+    crate::util::wait_in_proc(patience, "the wait to have looked", || watches(pid) > 0);
     daemon.kill();
     let (code, stdout, stderr) = finish(waiter);
     assert_eq!(code, 0, "{stderr}");
