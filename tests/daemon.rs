@@ -1310,22 +1310,16 @@ fn watch_prints_a_line_written_while_a_passing_judge_held_the_lock() {
     // watch saw the write while the lock was held, and now waits for the lock: its request
     // shows as a blocked one in /proc/locks.
     let ino = std::fs::metadata(&lock_path).unwrap().ino();
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let locks = std::fs::read_to_string("/proc/locks").unwrap();
-        let waiting = locks
-            .lines()
-            .any(|l| l.contains("->") && l.contains(&format!(":{ino} ")));
-        if waiting {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "watch never waited for the lock:\n{locks}"
-        );
-        // Pacing a look at /proc/locks, which has no change events.
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    crate::util::wait_in_proc(
+        PATIENCE,
+        "watch to wait for the lock in /proc/locks",
+        || {
+            std::fs::read_to_string("/proc/locks")
+                .unwrap()
+                .lines()
+                .any(|l| l.contains("->") && l.contains(&format!(":{ino} ")))
+        },
+    );
     drop(lock);
     assert_eq!(watch.next(PATIENCE), "01DURINGTHEHOLD");
 }
